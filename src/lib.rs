@@ -1,0 +1,1 @@
+//! podprobe: runs OpenKruise PodProbeMarker probes from inside a pod.

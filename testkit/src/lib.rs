@@ -1,0 +1,1 @@
+//! In-process Kubernetes API server for tests.
