@@ -1,1 +1,3 @@
 //! podprobe: runs OpenKruise PodProbeMarker probes from inside a pod.
+
+pub mod probe;

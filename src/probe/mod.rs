@@ -1,0 +1,295 @@
+//! One probe attempt: exec, tcpSocket, httpGet or grpc against the pod.
+//!
+//! This module owns the *validated* handler model (what `annotation` produces from a core/v1
+//! Probe) and the per-attempt contract shared by all handlers:
+//! - `Ok(Observation)` is a real result (Succeeded or Failed, with its message);
+//! - `Err(AttemptError)` is an *errored* attempt (cannot start the command, unresolvable named
+//!   port, ...): the runner changes no state and no counter for it.
+//!
+//! Timing, thresholds and state live in `runner`; this module only does one attempt.
+
+pub mod exec;
+pub mod grpc;
+pub mod http;
+pub mod tcp;
+
+use std::fmt;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ContainerPort;
+
+/// Longest condition message podprobe writes, in bytes (OpenKruise's limit, cut on a char
+/// boundary instead of mid-character).
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// At most this many bytes of each output stream / response body are read into memory.
+pub const MAX_READ_BYTES: usize = 10 * 1024;
+
+/// A port as written in the annotation: a number, or a name to resolve against the target
+/// container's `ports[].name` at attempt time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Port {
+    Number(u16),
+    Name(String),
+}
+
+impl fmt::Display for Port {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Port::Number(n) => write!(f, "{n}"),
+            Port::Name(name) => write!(f, "{name:?}"),
+        }
+    }
+}
+
+/// `HTTP` or `HTTPS` (the API's spelling; the URL uses lower case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ExecAction {
+    /// argv, passed verbatim (OpenKruise does no `$(VAR)` expansion).
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HttpAction {
+    pub scheme: Scheme,
+    /// Path (and optional query/fragment) as given; empty means `/`.
+    pub path: String,
+    pub port: Port,
+    /// Headers in the order given; names as written (canonicalised when sent).
+    pub headers: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TcpAction {
+    pub port: Port,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GrpcAction {
+    pub port: u16,
+    /// Service name for `HealthCheckRequest`; empty means the whole server.
+    pub service: String,
+}
+
+/// Exactly one handler per probe (validated in `annotation`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Handler {
+    Exec(ExecAction),
+    Http(HttpAction),
+    Tcp(TcpAction),
+    Grpc(GrpcAction),
+}
+
+impl Handler {
+    /// Short name for logs and metrics: `exec`, `httpGet`, `tcpSocket`, `grpc`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Handler::Exec(_) => "exec",
+            Handler::Http(_) => "httpGet",
+            Handler::Tcp(_) => "tcpSocket",
+            Handler::Grpc(_) => "grpc",
+        }
+    }
+}
+
+/// What an attempt is aimed at: the pod's address and the target container's declared ports.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    /// Pod IP (or `127.0.0.1`, or what `--host` says). An IP literal or a DNS name.
+    pub host: String,
+    /// `spec.containers[].ports` of the target container, for named-port resolution.
+    pub container_ports: Vec<ContainerPort>,
+}
+
+impl Target {
+    pub fn new(host: impl Into<String>) -> Self {
+        Target {
+            host: host.into(),
+            container_ports: Vec::new(),
+        }
+    }
+
+    /// Resolves a port: numbers as is; names against the container's ports (first match wins),
+    /// then — like OpenKruise's resolver — a numeric string parses as a number.
+    pub fn resolve_port(&self, port: &Port) -> Result<u16, AttemptError> {
+        match port {
+            Port::Number(n) => Ok(*n),
+            Port::Name(name) => {
+                if let Some(p) = self
+                    .container_ports
+                    .iter()
+                    .find(|p| p.name.as_deref() == Some(name.as_str()))
+                {
+                    return u16::try_from(p.container_port)
+                        .ok()
+                        .filter(|n| *n != 0)
+                        .ok_or_else(|| AttemptError::UnresolvedPort {
+                            name: name.clone(),
+                            reason: format!("containerPort {} is out of range", p.container_port),
+                        });
+                }
+                name.parse::<u16>()
+                    .ok()
+                    .filter(|n| *n != 0)
+                    .ok_or_else(|| AttemptError::UnresolvedPort {
+                        name: name.clone(),
+                        reason: "no port with that name in the target container".into(),
+                    })
+            }
+        }
+    }
+}
+
+/// The result of an attempt that ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+}
+
+/// A real result with its message (already capped at [`MAX_MESSAGE_BYTES`] by [`Prober`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub outcome: Outcome,
+    pub message: String,
+}
+
+impl Observation {
+    pub fn succeeded(message: impl Into<String>) -> Self {
+        Observation {
+            outcome: Outcome::Succeeded,
+            message: message.into(),
+        }
+    }
+
+    pub fn failed(message: impl Into<String>) -> Self {
+        Observation {
+            outcome: Outcome::Failed,
+            message: message.into(),
+        }
+    }
+}
+
+/// An attempt that produced no result: the runner keeps state and counters as they are.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    #[error("port {name:?} cannot be resolved: {reason}")]
+    UnresolvedPort { name: String, reason: String },
+    #[error("cannot start command {command:?}: {source}")]
+    Spawn {
+        command: Vec<String>,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading the HTTP response body failed: {0}")]
+    HttpBody(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Cuts `message` to at most [`MAX_MESSAGE_BYTES`] bytes on a UTF-8 character boundary.
+pub fn truncate_message(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut cut = MAX_MESSAGE_BYTES;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    message
+}
+
+/// Runs single attempts. Cheap to clone; one per sidecar.
+#[derive(Debug, Clone)]
+pub struct Prober {
+    http: http::HttpProber,
+}
+
+impl Default for Prober {
+    fn default() -> Self {
+        Prober::new(http::DEFAULT_USER_AGENT)
+    }
+}
+
+impl Prober {
+    pub fn new(user_agent: impl Into<String>) -> Self {
+        Prober {
+            http: http::HttpProber::new(user_agent.into()),
+        }
+    }
+
+    /// One attempt of `handler` against `target`, bounded by `timeout`.
+    pub async fn attempt(
+        &self,
+        handler: &Handler,
+        target: &Target,
+        timeout: Duration,
+    ) -> Result<Observation, AttemptError> {
+        let observation = match handler {
+            Handler::Exec(action) => exec::attempt(action, timeout).await?,
+            Handler::Tcp(action) => {
+                let port = target.resolve_port(&action.port)?;
+                tcp::attempt(&target.host, port, timeout).await
+            }
+            Handler::Http(action) => {
+                let port = target.resolve_port(&action.port)?;
+                self.http.attempt(action, &target.host, port, timeout).await?
+            }
+            Handler::Grpc(action) => grpc::attempt(action, &target.host, timeout).await,
+        };
+        Ok(Observation {
+            outcome: observation.outcome,
+            message: truncate_message(observation.message),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_short_messages() {
+        assert_eq!(truncate_message("ok".into()), "ok");
+        let exact = "a".repeat(MAX_MESSAGE_BYTES);
+        assert_eq!(truncate_message(exact.clone()), exact);
+    }
+
+    #[test]
+    fn truncation_cuts_on_a_char_boundary() {
+        // 1023 ASCII bytes then a 3-byte character: byte 1024 falls inside it.
+        let msg = format!("{}€tail", "a".repeat(MAX_MESSAGE_BYTES - 1));
+        let cut = truncate_message(msg);
+        assert_eq!(cut.len(), MAX_MESSAGE_BYTES - 1);
+        assert!(cut.chars().all(|c| c == 'a'));
+    }
+
+    fn named(name: &str, port: i32) -> ContainerPort {
+        ContainerPort {
+            name: Some(name.into()),
+            container_port: port,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn named_ports_resolve_against_the_container() {
+        let target = Target {
+            host: "127.0.0.1".into(),
+            container_ports: vec![named("main-port", 80), named("main-port", 81)],
+        };
+        assert_eq!(target.resolve_port(&Port::Name("main-port".into())).unwrap(), 80);
+        assert_eq!(target.resolve_port(&Port::Number(8080)).unwrap(), 8080);
+        // OpenKruise's resolver falls back to parsing the name as a number.
+        assert_eq!(target.resolve_port(&Port::Name("9090".into())).unwrap(), 9090);
+        let err = target.resolve_port(&Port::Name("web".into())).unwrap_err();
+        assert!(err.to_string().contains("\"web\""), "{err}");
+        assert!(target.resolve_port(&Port::Name("0".into())).is_err());
+    }
+}
