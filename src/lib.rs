@@ -1,3 +1,4 @@
 //! podprobe: runs OpenKruise PodProbeMarker probes from inside a pod.
 
+pub mod annotation;
 pub mod probe;

@@ -4,5 +4,8 @@ use std::time::Duration;
 use super::{AttemptError, ExecAction, Observation};
 
 pub async fn attempt(action: &ExecAction, _timeout: Duration) -> Result<Observation, AttemptError> {
-    Err(AttemptError::Other(format!("exec of {:?}: handler not built yet", action.command)))
+    Err(AttemptError::Other(format!(
+        "exec of {:?}: handler not built yet",
+        action.command
+    )))
 }

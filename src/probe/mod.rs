@@ -134,13 +134,12 @@ impl Target {
                             reason: format!("containerPort {} is out of range", p.container_port),
                         });
                 }
-                name.parse::<u16>()
-                    .ok()
-                    .filter(|n| *n != 0)
-                    .ok_or_else(|| AttemptError::UnresolvedPort {
+                name.parse::<u16>().ok().filter(|n| *n != 0).ok_or_else(|| {
+                    AttemptError::UnresolvedPort {
                         name: name.clone(),
                         reason: "no port with that name in the target container".into(),
-                    })
+                    }
+                })
             }
         }
     }
@@ -239,7 +238,9 @@ impl Prober {
             }
             Handler::Http(action) => {
                 let port = target.resolve_port(&action.port)?;
-                self.http.attempt(action, &target.host, port, timeout).await?
+                self.http
+                    .attempt(action, &target.host, port, timeout)
+                    .await?
             }
             Handler::Grpc(action) => grpc::attempt(action, &target.host, timeout).await,
         };
@@ -284,10 +285,18 @@ mod tests {
             host: "127.0.0.1".into(),
             container_ports: vec![named("main-port", 80), named("main-port", 81)],
         };
-        assert_eq!(target.resolve_port(&Port::Name("main-port".into())).unwrap(), 80);
+        assert_eq!(
+            target
+                .resolve_port(&Port::Name("main-port".into()))
+                .unwrap(),
+            80
+        );
         assert_eq!(target.resolve_port(&Port::Number(8080)).unwrap(), 8080);
         // OpenKruise's resolver falls back to parsing the name as a number.
-        assert_eq!(target.resolve_port(&Port::Name("9090".into())).unwrap(), 9090);
+        assert_eq!(
+            target.resolve_port(&Port::Name("9090".into())).unwrap(),
+            9090
+        );
         let err = target.resolve_port(&Port::Name("web".into())).unwrap_err();
         assert!(err.to_string().contains("\"web\""), "{err}");
         assert!(target.resolve_port(&Port::Name("0".into())).is_err());
