@@ -2,3 +2,4 @@
 
 pub mod annotation;
 pub mod probe;
+pub mod runner;
