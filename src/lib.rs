@@ -1,5 +1,6 @@
 //! podprobe: runs OpenKruise PodProbeMarker probes from inside a pod.
 
 pub mod annotation;
+pub mod condition;
 pub mod probe;
 pub mod runner;

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use jiff::Timestamp;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -160,7 +160,7 @@ pub enum ContainerView {
     NotRunning { container_id: Option<String> },
     Running {
         container_id: Option<String>,
-        started_at: Option<DateTime<Utc>>,
+        started_at: Option<Timestamp>,
         /// `containerStatuses[].started` (startup probe passed), when reported.
         started: Option<bool>,
     },
@@ -203,7 +203,7 @@ pub struct Transition {
     pub state: ProbeState,
     pub message: String,
     /// When the attempt that produced this result ran.
-    pub at: DateTime<Utc>,
+    pub at: Timestamp,
 }
 
 /// What workers report.
@@ -221,7 +221,7 @@ pub enum Event {
     Errored {
         probe: ProbeId,
         error: String,
-        at: DateTime<Utc>,
+        at: Timestamp,
     },
 }
 
@@ -266,7 +266,7 @@ struct WorkerState {
     published: Option<(ProbeState, String)>,
     container_id: Option<String>,
     /// The target container's `startedAt` and the tokio instant it corresponds to.
-    container_start: Option<(DateTime<Utc>, Instant)>,
+    container_start: Option<(Timestamp, Instant)>,
 }
 
 impl<A: Attempter> Worker<A> {
@@ -305,7 +305,7 @@ impl<A: Attempter> Worker<A> {
                     state,
                     ProbeState::Unknown,
                     "container restarted".into(),
-                    Utc::now(),
+                    Timestamp::now(),
                 )
                 .await;
             }
@@ -314,7 +314,7 @@ impl<A: Attempter> Worker<A> {
         match &view {
             ContainerView::NotRunning { .. } => {
                 let message = format!("Container({}) is Non-running", self.spec.container_name);
-                self.publish(state, ProbeState::Failed, message, Utc::now())
+                self.publish(state, ProbeState::Failed, message, Timestamp::now())
                     .await;
                 return;
             }
@@ -328,7 +328,7 @@ impl<A: Attempter> Worker<A> {
         if Instant::now() < self.delay_deadline(state, started) {
             return;
         }
-        let at = Utc::now();
+        let at = Timestamp::now();
         let attempt_start = Instant::now();
         let result = self
             .prober
@@ -380,7 +380,8 @@ impl<A: Attempter> Worker<A> {
         let anchor = match state.container_start {
             Some((at, instant)) if at == started_at => instant,
             _ => {
-                let age = (Utc::now() - started_at).to_std().unwrap_or(Duration::ZERO);
+                let age = Duration::try_from(Timestamp::now().duration_since(started_at))
+                    .unwrap_or(Duration::ZERO);
                 let now = Instant::now();
                 let instant = now.checked_sub(age).unwrap_or(now);
                 state.container_start = Some((started_at, instant));
@@ -396,7 +397,7 @@ impl<A: Attempter> Worker<A> {
         worker: &mut WorkerState,
         state: ProbeState,
         message: String,
-        at: DateTime<Utc>,
+        at: Timestamp,
     ) {
         if worker
             .published

@@ -304,7 +304,7 @@ async fn container_awareness() {
         "main",
         ContainerView::Running {
             container_id: Some("containerd://a".into()),
-            started_at: Some(Utc::now()),
+            started_at: Some(Timestamp::now()),
             started: Some(false),
         },
     );
@@ -327,7 +327,7 @@ async fn container_awareness() {
         "main",
         ContainerView::Running {
             container_id: Some("containerd://a".into()),
-            started_at: Some(Utc::now() - chrono::Duration::seconds(100)),
+            started_at: Some(Timestamp::now() - jiff::SignedDuration::from_secs(100)),
             started: Some(true),
         },
     );
@@ -356,7 +356,7 @@ async fn container_awareness() {
         "main",
         ContainerView::Running {
             container_id: Some("containerd://b".into()),
-            started_at: Some(Utc::now()),
+            started_at: Some(Timestamp::now()),
             started: Some(true),
         },
     );

@@ -1,0 +1,305 @@
+//! From probe transitions to the pod conditions podprobe writes, and the patch that writes them.
+//!
+//! Rules (contract §5): one condition per probe, `type = podConditionType`; `status`
+//! `True|False|Unknown`; `reason` `PodProbeSucceeded|PodProbeFailed|PodProbeUnknown`;
+//! `lastProbeTime` = when the probe behind the written result ran; `lastTransitionTime` changes
+//! only when `status` changes. A condition is due for writing only when its status or message
+//! differs from what the pod has. The patch is a strategic merge of `status.conditions` (merge
+//! key `type`, so kubelet's conditions are untouched) with `metadata.uid` as a precondition.
+//!
+//! This module is pure: the writer that sends the patch lives with the apiserver code.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::PodCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::runner::{ProbeState, Transition};
+
+pub const REASON_SUCCEEDED: &str = "PodProbeSucceeded";
+pub const REASON_FAILED: &str = "PodProbeFailed";
+pub const REASON_UNKNOWN: &str = "PodProbeUnknown";
+
+/// `True` / `False` / `Unknown`, as OpenKruise maps probe states to condition statuses.
+pub fn status_of(state: ProbeState) -> &'static str {
+    match state {
+        ProbeState::Succeeded => "True",
+        ProbeState::Failed => "False",
+        ProbeState::Unknown => "Unknown",
+    }
+}
+
+pub fn reason_of(state: ProbeState) -> &'static str {
+    match state {
+        ProbeState::Succeeded => REASON_SUCCEEDED,
+        ProbeState::Failed => REASON_FAILED,
+        ProbeState::Unknown => REASON_UNKNOWN,
+    }
+}
+
+/// Kubernetes times have whole-second precision on the wire (Go truncates); keeping them so in
+/// memory makes what podprobe holds compare equal to what it reads back.
+pub fn kube_time(at: Timestamp) -> Time {
+    let whole_seconds = jiff::TimestampRound::new()
+        .smallest(jiff::Unit::Second)
+        .mode(jiff::RoundMode::Trunc);
+    Time(at.round(whole_seconds).unwrap_or(at))
+}
+
+/// The conditions podprobe owns on one pod, as they are (or will be) on the pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConditionBook {
+    by_type: BTreeMap<String, PodCondition>,
+}
+
+impl ConditionBook {
+    /// Starts from the pod's conditions, so a restarted sidecar keeps `lastTransitionTime` and
+    /// does not rewrite conditions that already say the right thing.
+    pub fn from_pod_conditions(existing: &[PodCondition]) -> Self {
+        let mut by_type = BTreeMap::new();
+        for condition in existing {
+            // The apiserver allows duplicate types; like OpenKruise, the first one counts.
+            by_type
+                .entry(condition.type_.clone())
+                .or_insert_with(|| condition.clone());
+        }
+        ConditionBook { by_type }
+    }
+
+    /// Records a transition. Returns the condition to write when its status or message differs
+    /// from what the pod has; `None` when the pod already says this.
+    pub fn record(&mut self, transition: &Transition) -> Option<PodCondition> {
+        let condition_type = &transition.probe.condition_type;
+        let status = status_of(transition.state);
+        let at = kube_time(transition.at);
+        let previous = self.by_type.get(condition_type);
+        if let Some(previous) = previous
+            && previous.status == status
+            && previous.message.as_deref().unwrap_or("") == transition.message
+        {
+            return None;
+        }
+        let last_transition_time = match previous {
+            Some(p) if p.status == status => p.last_transition_time.clone().or(Some(at.clone())),
+            _ => Some(at.clone()),
+        };
+        let condition = PodCondition {
+            type_: condition_type.clone(),
+            status: status.to_owned(),
+            reason: Some(reason_of(transition.state).to_owned()),
+            message: Some(transition.message.clone()),
+            last_probe_time: Some(at),
+            last_transition_time,
+            ..Default::default()
+        };
+        self.by_type
+            .insert(condition_type.clone(), condition.clone());
+        Some(condition)
+    }
+
+    /// The `--refresh-interval` heartbeat: returns the condition with a new `lastProbeTime` when
+    /// the last one is at least `interval` old (and `interval` is not zero).
+    pub fn refresh(
+        &mut self,
+        condition_type: &str,
+        now: Timestamp,
+        interval: std::time::Duration,
+    ) -> Option<PodCondition> {
+        if interval.is_zero() {
+            return None;
+        }
+        let condition = self.by_type.get_mut(condition_type)?;
+        let due = match &condition.last_probe_time {
+            Some(Time(last)) => {
+                let age = now.duration_since(*last);
+                age.as_secs_f64() >= interval.as_secs_f64()
+            }
+            None => true,
+        };
+        if !due {
+            return None;
+        }
+        condition.last_probe_time = Some(kube_time(now));
+        Some(condition.clone())
+    }
+
+    pub fn get(&self, condition_type: &str) -> Option<&PodCondition> {
+        self.by_type.get(condition_type)
+    }
+
+    /// Forgets a condition type podprobe no longer probes (`--prune-conditions`).
+    pub fn remove(&mut self, condition_type: &str) -> Option<PodCondition> {
+        self.by_type.remove(condition_type)
+    }
+
+    /// Every condition the book knows, by type.
+    pub fn iter(&self) -> impl Iterator<Item = &PodCondition> {
+        self.by_type.values()
+    }
+}
+
+/// The strategic-merge patch for `pods/<name>/status` that writes `conditions` and nothing
+/// else, guarded by the pod's uid (a same-named replacement pod is never written).
+pub fn status_patch(uid: &str, conditions: &[PodCondition]) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": { "uid": uid },
+        "status": { "conditions": conditions },
+    })
+}
+
+/// A patch that deletes conditions by type (strategic merge `$patch: delete`), for
+/// `--prune-conditions`.
+pub fn delete_conditions_patch(uid: &str, condition_types: &[&str]) -> serde_json::Value {
+    let deletions: Vec<_> = condition_types
+        .iter()
+        .map(|t| serde_json::json!({ "type": t, "$patch": "delete" }))
+        .collect();
+    serde_json::json!({
+        "metadata": { "uid": uid },
+        "status": { "conditions": deletions },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::ProbeId;
+    use jiff::SignedDuration;
+    use std::time::Duration;
+
+    fn t(state: ProbeState, message: &str, at: Timestamp) -> Transition {
+        Transition {
+            probe: ProbeId {
+                name: "idle".into(),
+                condition_type: "game.kruise.io/idle".into(),
+                container_name: "main".into(),
+            },
+            state,
+            message: message.into(),
+            at,
+        }
+    }
+
+    fn ts(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_790_000_000 + secs).unwrap()
+    }
+
+    #[test]
+    fn statuses_and_reasons() {
+        assert_eq!(status_of(ProbeState::Succeeded), "True");
+        assert_eq!(status_of(ProbeState::Failed), "False");
+        assert_eq!(status_of(ProbeState::Unknown), "Unknown");
+        assert_eq!(reason_of(ProbeState::Failed), "PodProbeFailed");
+        assert_eq!(reason_of(ProbeState::Unknown), "PodProbeUnknown");
+    }
+
+    #[test]
+    fn transition_times_follow_status_only() {
+        let mut book = ConditionBook::default();
+        let first = book
+            .record(&t(ProbeState::Succeeded, "idle", ts(0)))
+            .unwrap();
+        assert_eq!(first.status, "True");
+        assert_eq!(first.reason.as_deref(), Some("PodProbeSucceeded"));
+        assert_eq!(first.last_transition_time, Some(Time(ts(0))));
+        assert_eq!(first.last_probe_time, Some(Time(ts(0))));
+
+        // Same status and message: nothing to write.
+        assert!(
+            book.record(&t(ProbeState::Succeeded, "idle", ts(5)))
+                .is_none()
+        );
+
+        // Message change only: written, lastTransitionTime kept, lastProbeTime moves.
+        let msg = book
+            .record(&t(ProbeState::Succeeded, "idle v2", ts(10)))
+            .unwrap();
+        assert_eq!(msg.last_transition_time, Some(Time(ts(0))));
+        assert_eq!(msg.last_probe_time, Some(Time(ts(10))));
+
+        // Status change: both move.
+        let failed = book.record(&t(ProbeState::Failed, "busy", ts(20))).unwrap();
+        assert_eq!(failed.status, "False");
+        assert_eq!(failed.last_transition_time, Some(Time(ts(20))));
+    }
+
+    #[test]
+    fn a_restarted_sidecar_keeps_what_the_pod_says() {
+        let existing = vec![
+            PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            },
+            PodCondition {
+                type_: "game.kruise.io/idle".into(),
+                status: "True".into(),
+                message: Some("idle".into()),
+                last_transition_time: Some(Time(ts(-100))),
+                last_probe_time: Some(Time(ts(-100))),
+                reason: Some(REASON_SUCCEEDED.into()),
+                ..Default::default()
+            },
+        ];
+        let mut book = ConditionBook::from_pod_conditions(&existing);
+        assert!(
+            book.record(&t(ProbeState::Succeeded, "idle", ts(0)))
+                .is_none()
+        );
+        let changed = book
+            .record(&t(ProbeState::Succeeded, "other", ts(1)))
+            .unwrap();
+        assert_eq!(changed.last_transition_time, Some(Time(ts(-100))));
+    }
+
+    #[test]
+    fn refresh_heartbeat() {
+        let mut book = ConditionBook::default();
+        book.record(&t(ProbeState::Succeeded, "idle", ts(0)));
+        let interval = Duration::from_secs(600);
+        let ct = "game.kruise.io/idle";
+        assert!(book.refresh(ct, ts(599), interval).is_none());
+        let refreshed = book.refresh(ct, ts(600), interval).unwrap();
+        assert_eq!(refreshed.last_probe_time, Some(Time(ts(600))));
+        assert_eq!(refreshed.last_transition_time, Some(Time(ts(0))));
+        assert!(book.refresh(ct, ts(601), interval).is_none());
+        assert!(
+            book.refresh(ct, ts(100_000), Duration::ZERO).is_none(),
+            "0 = never"
+        );
+        assert!(book.refresh("unknown", ts(100_000), interval).is_none());
+    }
+
+    #[test]
+    fn patch_carries_only_conditions_and_the_uid() {
+        let mut book = ConditionBook::default();
+        let c = book
+            .record(&t(
+                ProbeState::Failed,
+                "busy",
+                ts(0) + SignedDuration::from_millis(700),
+            ))
+            .unwrap();
+        let patch = status_patch("uid-1", &[c]);
+        assert_eq!(
+            patch,
+            serde_json::json!({
+                "metadata": {"uid": "uid-1"},
+                "status": {"conditions": [{
+                    "type": "game.kruise.io/idle",
+                    "status": "False",
+                    "reason": "PodProbeFailed",
+                    "message": "busy",
+                    "lastProbeTime": "2026-09-21T14:13:20Z",
+                    "lastTransitionTime": "2026-09-21T14:13:20Z",
+                }]}
+            })
+        );
+        let delete = delete_conditions_patch("uid-1", &["a"]);
+        assert_eq!(
+            delete["status"]["conditions"][0],
+            serde_json::json!({"type": "a", "$patch": "delete"})
+        );
+    }
+}
