@@ -336,15 +336,16 @@ impl<A: Attempter> Worker<A> {
             .await;
         match result {
             Ok(Observation { outcome, message }) => {
-                self.send(Event::Attempted {
-                    probe: self.id.clone(),
-                    outcome,
-                    duration: attempt_start.elapsed(),
-                })
-                .await;
+                let duration = attempt_start.elapsed();
                 if let Some(published) = state.streak.observe(outcome, &self.timing) {
                     self.publish(state, published, message, at).await;
                 }
+                self.send(Event::Attempted {
+                    probe: self.id.clone(),
+                    outcome,
+                    duration,
+                })
+                .await;
             }
             Err(error) => {
                 tracing::debug!(
