@@ -7,7 +7,9 @@
 //! differs from what the pod has. The patch is a strategic merge of `status.conditions` (merge
 //! key `type`, so kubelet's conditions are untouched) with `metadata.uid` as a precondition.
 //!
-//! This module is pure: the writer that sends the patch lives with the apiserver code.
+//! The model here is pure; [`writer`] sends the patches.
+
+pub mod writer;
 
 use std::collections::BTreeMap;
 

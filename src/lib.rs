@@ -4,11 +4,17 @@
 //! - [`probe`]: one attempt of an exec, tcpSocket, httpGet or grpc probe;
 //! - [`runner`]: workers with timing, thresholds and state;
 //! - [`condition`]: transitions to pod conditions and the status patch;
-//! - [`check`], [`demo`]: the `podprobe check` and `podprobe demo` commands.
+//! - [`pod`]: the sidecar's view of its pod (apiserver watch or downward-API file);
+//! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
+//! - [`sidecar`], [`check`], [`demo`]: the `run`, `check` and `demo` commands.
 
 pub mod annotation;
 pub mod check;
 pub mod condition;
 pub mod demo;
+pub mod events;
+pub mod metrics;
+pub mod pod;
 pub mod probe;
 pub mod runner;
+pub mod sidecar;

@@ -2,10 +2,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use podprobe::check::{self, CheckOptions, OutputFormat};
+use podprobe::pod::{PodIdentity, SourceKind};
 use podprobe::runner::TimingDefaults;
+use podprobe::sidecar::{self, SidecarOptions};
 
 /// Runs OpenKruise PodProbeMarker probes (the kruise.io/podprobe annotation) from inside a pod
 /// and writes their results as pod conditions.
@@ -32,6 +35,11 @@ enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run as the sidecar: read this pod's kruise.io/podprobe annotation, run its probes and
+    /// write the results as pod conditions (strategic-merge patch of pods/status, guarded by the
+    /// pod's uid). Uses the in-cluster service account, or KUBECONFIG.
+    Run(RunArgs),
+
     /// Run a pod's probes on this machine and print the conditions the sidecar would write.
     ///
     /// FILE is a Pod manifest (YAML or JSON) carrying the kruise.io/podprobe annotation, or the
@@ -76,6 +84,93 @@ enum Command {
 
     /// Print the version.
     Version,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// This pod's name (downward API `metadata.name`).
+    #[arg(long, env = "POD_NAME")]
+    pod_name: String,
+
+    /// This pod's namespace (downward API `metadata.namespace`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pod_namespace: String,
+
+    /// This pod's uid (downward API `metadata.uid`); when unset, learnt from the apiserver.
+    /// Conditions are written only to the pod with this uid.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+
+    /// This pod's IP (downward API `status.podIP`): where network probes aim. Falls back to the
+    /// IP in the pod status, then 127.0.0.1.
+    #[arg(long, env = "POD_IP")]
+    pod_ip: Option<String>,
+
+    /// Where the probes come from: `api` (a watch on this pod; also gives container statuses),
+    /// `file` (the downward-API annotations file), or `auto` (api when the pod can be read, else
+    /// file; the first log line says which and why).
+    #[arg(long, value_enum, default_value_t = SourceKind::Auto, env = "PODPROBE_SOURCE")]
+    source: SourceKind,
+
+    /// The downward-API annotations file (kubelet's key="value" format).
+    #[arg(
+        long,
+        default_value = "/etc/podinfo/annotations",
+        env = "PODPROBE_ANNOTATIONS_FILE"
+    )]
+    annotations_file: PathBuf,
+
+    /// How often the annotations file is re-read in addition to inotify events.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    file_poll_interval: Duration,
+
+    /// Defaults for unset timing fields: `kruise` (kruise-daemon minimums) or `kubernetes`.
+    #[arg(long, value_enum, default_value_t = TimingDefaults::Kruise)]
+    timing_defaults: TimingDefaults,
+
+    /// User-Agent of HTTP probes.
+    #[arg(long, default_value = podprobe::probe::http::DEFAULT_USER_AGENT)]
+    user_agent: String,
+
+    /// Rewrite an unchanged condition's lastProbeTime this often (kruise-daemon: 10m); `0s` =
+    /// never. Steady state otherwise writes nothing.
+    #[arg(long, default_value = "600s", value_parser = humantime::parse_duration)]
+    refresh_interval: Duration,
+
+    /// Condition changes within this window go out in one patch.
+    #[arg(long, default_value = "200ms", value_parser = humantime::parse_duration)]
+    coalesce_window: Duration,
+
+    /// Delete the conditions of probes removed from the annotation (default: leave them).
+    #[arg(long)]
+    prune_conditions: bool,
+
+    /// Emit Kubernetes Events (KruiseProbeSucceeded/Failed on transitions, PodProbeInvalid and
+    /// PodProbeError warnings); `--events=false` turns them off.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    events: bool,
+
+    /// Serve /metrics (Prometheus), /healthz and /readyz on this address, e.g. 0.0.0.0:9102.
+    /// Off by default.
+    #[arg(long, env = "PODPROBE_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM ({e}); only Ctrl-C stops podprobe");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 fn init_logging(level: &str, format: LogFormat) {
@@ -127,6 +222,33 @@ fn main() -> ExitCode {
                     eprintln!("podprobe check: {e}");
                     ExitCode::from(2)
                 })
+            }
+            Command::Run(args) => {
+                let options = SidecarOptions {
+                    identity: PodIdentity {
+                        name: args.pod_name,
+                        namespace: args.pod_namespace,
+                        uid: args.pod_uid.filter(|u| !u.is_empty()),
+                    },
+                    pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
+                    source: args.source,
+                    annotations_file: args.annotations_file,
+                    file_poll: args.file_poll_interval,
+                    timing_defaults: args.timing_defaults,
+                    user_agent: args.user_agent,
+                    refresh_interval: args.refresh_interval,
+                    coalesce: args.coalesce_window,
+                    prune_conditions: args.prune_conditions,
+                    events: args.events,
+                    metrics_addr: args.metrics_addr,
+                };
+                match sidecar::run(options, termination()).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        tracing::error!("{e}");
+                        ExitCode::FAILURE
+                    }
+                }
             }
             Command::Demo { output } => podprobe::demo::run(output).await.unwrap_or_else(|e| {
                 eprintln!("podprobe demo: {e}");

@@ -156,7 +156,9 @@ pub enum ContainerView {
     /// No status available (file source, `check`): probe from sidecar start.
     #[default]
     Unknown,
-    /// Not created yet, waiting or terminated.
+    /// The pod status lists no status for this container yet: wait.
+    Absent,
+    /// Waiting or terminated.
     NotRunning { container_id: Option<String> },
     Running {
         container_id: Option<String>,
@@ -169,7 +171,7 @@ pub enum ContainerView {
 impl ContainerView {
     fn container_id(&self) -> Option<&str> {
         match self {
-            ContainerView::Unknown => None,
+            ContainerView::Unknown | ContainerView::Absent => None,
             ContainerView::NotRunning { container_id }
             | ContainerView::Running { container_id, .. } => container_id.as_deref(),
         }
@@ -318,8 +320,9 @@ impl<A: Attempter> Worker<A> {
                     .await;
                 return;
             }
-            // The startup probe has not passed yet: PodProbeMarker probes wait for it.
-            ContainerView::Running {
+            // No status yet, or the startup probe has not passed: PodProbeMarker probes wait.
+            ContainerView::Absent
+            | ContainerView::Running {
                 started: Some(false),
                 ..
             } => return,

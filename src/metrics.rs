@@ -1,0 +1,297 @@
+//! Prometheus metrics and the small HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::runner::{ProbeId, ProbeState};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    probe: String,
+    condition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    probe: String,
+    condition: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WriteErrorLabels {
+    code: String,
+}
+
+/// Everything the sidecar counts. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    attempts: Family<AttemptLabels, Counter>,
+    durations: Family<ProbeLabels, Histogram>,
+    state: Family<ProbeLabels, Gauge>,
+    writes: Counter,
+    write_errors: Family<WriteErrorLabels, Counter>,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("podprobe");
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "probe_attempts",
+            "Probe attempts by result (succeeded, failed, errored)",
+            attempts.clone(),
+        );
+        let durations = Family::<ProbeLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0005, 4.0, 9))
+        });
+        registry.register(
+            "probe_duration_seconds",
+            "Duration of probe attempts that produced a result",
+            durations.clone(),
+        );
+        let state = Family::<ProbeLabels, Gauge>::default();
+        registry.register(
+            "probe_state",
+            "Published state per probe: 1 Succeeded, 0 Failed, -1 Unknown",
+            state.clone(),
+        );
+        let writes = Counter::default();
+        registry.register(
+            "status_writes",
+            "Pod status patches that succeeded",
+            writes.clone(),
+        );
+        let write_errors = Family::<WriteErrorLabels, Counter>::default();
+        registry.register(
+            "status_write_errors",
+            "Pod status patches that failed, by HTTP code (or 'transport')",
+            write_errors.clone(),
+        );
+        Metrics {
+            inner: Arc::new(Inner {
+                registry,
+                attempts,
+                durations,
+                state,
+                writes,
+                write_errors,
+                ready: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn labels(probe: &ProbeId) -> ProbeLabels {
+        ProbeLabels {
+            probe: probe.name.clone(),
+            condition: probe.condition_type.clone(),
+        }
+    }
+
+    pub fn attempt(
+        &self,
+        probe: &ProbeId,
+        result: &'static str,
+        duration: Option<std::time::Duration>,
+    ) {
+        self.inner
+            .attempts
+            .get_or_create(&AttemptLabels {
+                probe: probe.name.clone(),
+                condition: probe.condition_type.clone(),
+                result,
+            })
+            .inc();
+        if let Some(d) = duration {
+            self.inner
+                .durations
+                .get_or_create(&Self::labels(probe))
+                .observe(d.as_secs_f64());
+        }
+    }
+
+    pub fn state(&self, probe: &ProbeId, state: ProbeState) {
+        let value = match state {
+            ProbeState::Succeeded => 1,
+            ProbeState::Failed => 0,
+            ProbeState::Unknown => -1,
+        };
+        self.inner
+            .state
+            .get_or_create(&Self::labels(probe))
+            .set(value);
+    }
+
+    pub fn forget(&self, probe: &ProbeId) {
+        self.inner.state.remove(&Self::labels(probe));
+    }
+
+    pub fn write_ok(&self) {
+        self.inner.writes.inc();
+    }
+
+    pub fn write_error(&self, code: Option<u16>) {
+        let code = code.map_or_else(|| "transport".to_owned(), |c| c.to_string());
+        self.inner
+            .write_errors
+            .get_or_create(&WriteErrorLabels { code })
+            .inc();
+    }
+
+    pub fn writes(&self) -> u64 {
+        self.inner.writes.get()
+    }
+
+    /// Ready once the first probe set is running.
+    pub fn set_ready(&self, ready: bool) {
+        self.inner.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        out
+    }
+
+    fn respond(&self, path: &str) -> Response<Full<Bytes>> {
+        let (status, body) = match path {
+            "/metrics" => (StatusCode::OK, self.encode()),
+            "/healthz" => (StatusCode::OK, "ok\n".to_owned()),
+            "/readyz" if self.inner.ready.load(Ordering::Relaxed) => {
+                (StatusCode::OK, "ok\n".to_owned())
+            }
+            "/readyz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no probe set yet\n".to_owned(),
+            ),
+            _ => (StatusCode::NOT_FOUND, "not found\n".to_owned()),
+        };
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the task is dropped.
+    pub async fn serve(self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let metrics = self.clone();
+                let service =
+                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                        let response = metrics.respond(req.uri().path());
+                        async move { Ok::<_, Infallible>(response) }
+                    });
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id() -> ProbeId {
+        ProbeId {
+            name: "idle".into(),
+            condition_type: "game.kruise.io/idle".into(),
+            container_name: "main".into(),
+        }
+    }
+
+    #[test]
+    fn counts_show_up_in_the_exposition() {
+        let m = Metrics::new();
+        m.attempt(
+            &id(),
+            "succeeded",
+            Some(std::time::Duration::from_millis(2)),
+        );
+        m.attempt(&id(), "errored", None);
+        m.state(&id(), ProbeState::Failed);
+        m.write_ok();
+        m.write_error(Some(429));
+        let text = m.encode();
+        assert!(text.contains(r#"podprobe_probe_attempts_total{probe="idle",condition="game.kruise.io/idle",result="succeeded"} 1"#), "{text}");
+        assert!(text.contains(r#"result="errored"} 1"#), "{text}");
+        assert!(
+            text.contains(
+                r#"podprobe_probe_state{probe="idle",condition="game.kruise.io/idle"} 0"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains("podprobe_status_writes_total 1"), "{text}");
+        assert!(
+            text.contains(r#"podprobe_status_write_errors_total{code="429"} 1"#),
+            "{text}"
+        );
+        assert_eq!(m.writes(), 1);
+    }
+
+    #[tokio::test]
+    async fn endpoints() {
+        let m = Metrics::new();
+        let addr = m
+            .clone()
+            .serve("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
+        m.set_ready(true);
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+        assert!(
+            get("/metrics")
+                .await
+                .contains("podprobe_status_writes_total 0")
+        );
+        assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+    }
+}

@@ -1,0 +1,292 @@
+//! The sidecar's view of its own pod: a watch on the apiserver (annotation, container statuses,
+//! uid, deletion) or the downward-API annotations file, published as [`PodView`]s.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use crate::annotation::{self, PODPROBE_ANNOTATION, PodContainers};
+use crate::runner::ContainerView;
+
+/// Where the pod's annotation comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourceKind {
+    /// The apiserver when it answers and RBAC allows reading the pod, else the file.
+    Auto,
+    /// A watch on this pod through the apiserver (also yields container statuses and uid).
+    Api,
+    /// The downward-API annotations file.
+    File,
+}
+
+/// Who this sidecar is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIdentity {
+    pub name: String,
+    pub namespace: String,
+    /// `POD_UID`; when unset, the uid of the first pod seen is taken as ours.
+    pub uid: Option<String>,
+}
+
+/// What the sidecar knows of its pod at one moment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodView {
+    pub uid: Option<String>,
+    /// The `kruise.io/podprobe` value, if any.
+    pub annotation: Option<String>,
+    /// Probe-able containers and their ports (apiserver source only).
+    pub containers: Option<PodContainers>,
+    /// Per container, what its status says (apiserver source only).
+    pub statuses: BTreeMap<String, ContainerView>,
+    pub pod_ip: Option<String>,
+    /// `deletionTimestamp` is set, or the pod is gone.
+    pub terminating: bool,
+    /// The pod's current conditions (to seed what is already written).
+    pub conditions: Vec<PodCondition>,
+}
+
+impl PodView {
+    /// Reads a pod as the apiserver returns it.
+    pub fn from_pod(pod: &Pod) -> Self {
+        let annotation = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(PODPROBE_ANNOTATION).cloned());
+        let containers = pod.spec.as_ref().map(PodContainers::from_spec);
+        let status = pod.status.as_ref();
+        let mut statuses = BTreeMap::new();
+        if let (Some(containers), Some(status)) = (&containers, status) {
+            let all: Vec<&ContainerStatus> = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .chain(status.init_container_statuses.iter().flatten())
+                .collect();
+            for name in containers.ports.keys() {
+                let view = all
+                    .iter()
+                    .find(|s| &s.name == name)
+                    .map_or(ContainerView::Absent, |s| container_view(s));
+                statuses.insert(name.clone(), view);
+            }
+        }
+        let phase_done = status
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed");
+        PodView {
+            uid: pod.metadata.uid.clone(),
+            annotation,
+            containers,
+            statuses,
+            pod_ip: status
+                .and_then(|s| s.pod_ip.clone())
+                .filter(|ip| !ip.is_empty()),
+            terminating: pod.metadata.deletion_timestamp.is_some() || phase_done,
+            conditions: status
+                .and_then(|s| s.conditions.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Reads the downward-API annotations (no spec, no status).
+    pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Self {
+        PodView {
+            annotation: annotations.get(PODPROBE_ANNOTATION).cloned(),
+            ..PodView::default()
+        }
+    }
+}
+
+fn container_view(status: &ContainerStatus) -> ContainerView {
+    let container_id = status.container_id.clone().filter(|id| !id.is_empty());
+    match status.state.as_ref().and_then(|s| s.running.as_ref()) {
+        Some(running) => ContainerView::Running {
+            container_id,
+            started_at: running.started_at.as_ref().map(|t| t.0),
+            started: status.started,
+        },
+        None => ContainerView::NotRunning { container_id },
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    #[error("cannot read pod {namespace}/{name} through the apiserver: {source}")]
+    Get {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot read the downward-API annotations file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the downward-API annotations file {path} is malformed: {source}")]
+    ParseFile {
+        path: PathBuf,
+        #[source]
+        source: annotation::DownwardApiError,
+    },
+}
+
+/// Decides `auto`: the apiserver when this pod can be read through it, else the file.
+/// Returns the source and why, for the first log line.
+pub async fn choose_source(
+    kind: SourceKind,
+    client: Option<&Client>,
+    identity: &PodIdentity,
+) -> (SourceKind, String) {
+    match kind {
+        SourceKind::Api => (SourceKind::Api, "--source api".into()),
+        SourceKind::File => (SourceKind::File, "--source file".into()),
+        SourceKind::Auto => {
+            let Some(client) = client else {
+                return (
+                    SourceKind::File,
+                    "no Kubernetes client configuration (not in a cluster, no KUBECONFIG)".into(),
+                );
+            };
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &identity.namespace);
+            match pods.get(&identity.name).await {
+                Ok(_) => (
+                    SourceKind::Api,
+                    "the apiserver answers and RBAC allows get pods".into(),
+                ),
+                Err(e) => (
+                    SourceKind::File,
+                    format!("reading the pod through the apiserver failed: {e}"),
+                ),
+            }
+        }
+    }
+}
+
+/// Watches this pod through the apiserver (field selector on its name, its namespace only;
+/// kube-rs's watcher with backoff) and publishes views. Pods with another uid (a same-named
+/// replacement) are not ours and are ignored. Returns when the pod is deleted.
+pub async fn watch_api(client: Client, identity: PodIdentity, tx: watch::Sender<PodView>) {
+    let pods: Api<Pod> = Api::namespaced(client, &identity.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", identity.name));
+    let mut our_uid = identity.uid.clone();
+    let mut events = std::pin::pin!(watcher(pods, config).default_backoff());
+    while let Some(event) = events.next().await {
+        let pod = match event {
+            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
+            Ok(watcher::Event::Delete(pod)) => {
+                if our_uid.is_none() || pod.metadata.uid == our_uid {
+                    tracing::info!(pod = %identity.name, "pod deleted; stopping");
+                    tx.send_modify(|v| v.terminating = true);
+                    return;
+                }
+                continue;
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+            Err(e) => {
+                tracing::warn!(pod = %identity.name, "watching the pod failed, retrying with backoff: {e}");
+                continue;
+            }
+        };
+        match (&our_uid, &pod.metadata.uid) {
+            (Some(ours), Some(theirs)) if ours != theirs => {
+                tracing::warn!(
+                    pod = %identity.name,
+                    our_uid = %ours,
+                    seen_uid = %theirs,
+                    "a pod with this name but another uid exists (a replacement); ignoring it"
+                );
+                continue;
+            }
+            (None, Some(theirs)) => our_uid = Some(theirs.clone()),
+            _ => {}
+        }
+        let view = PodView::from_pod(&pod);
+        tx.send_if_modified(|current| {
+            let changed = *current != view;
+            *current = view;
+            changed
+        });
+    }
+}
+
+/// Reads the downward-API annotations file.
+pub fn read_annotations_file(path: &Path) -> Result<BTreeMap<String, String>, PodError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PodError::ReadFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    annotation::parse_downward_api(&text).map_err(|source| PodError::ParseFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Follows the downward-API annotations file: re-read on inotify events in its directory (the
+/// kubelet swaps the `..data` symlink atomically) and, as a fallback for filesystems without
+/// inotify and for missed events, every `poll` interval. Publishes only changed views; a file
+/// that cannot be read or parsed keeps the last good view.
+pub async fn watch_file(path: PathBuf, poll: Duration, tx: watch::Sender<PodView>) {
+    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let dir = path
+        .parent()
+        .map(Path::to_owned)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let _watcher = {
+        use notify::Watcher;
+        let wake = wake_tx.clone();
+        let handler = move |_event: notify::Result<notify::Event>| {
+            let _ = wake.try_send(());
+        };
+        match notify::recommended_watcher(handler) {
+            Ok(mut w) => match w.watch(&dir, notify::RecursiveMode::NonRecursive) {
+                Ok(()) => Some(w),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), "cannot watch the directory, polling every {poll:?}: {e}");
+                    None
+                }
+            },
+            Err(e) => {
+                tracing::warn!("inotify unavailable, polling every {poll:?}: {e}");
+                None
+            }
+        }
+    };
+    let mut last_error: Option<String> = None;
+    let mut ticker = tokio::time::interval(poll);
+    loop {
+        match read_annotations_file(&path) {
+            Ok(annotations) => {
+                last_error = None;
+                let view = PodView::from_annotations(&annotations);
+                tx.send_if_modified(|current| {
+                    let changed = current.annotation != view.annotation;
+                    if changed {
+                        current.annotation = view.annotation;
+                    }
+                    changed
+                });
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if last_error.as_deref() != Some(text.as_str()) {
+                    tracing::warn!("{text}; keeping the last good probe set");
+                    last_error = Some(text);
+                }
+            }
+        }
+        tokio::select! {
+            _ = ticker.tick() => {}
+            Some(()) = wake_rx.recv() => {}
+        }
+    }
+}
