@@ -4,5 +4,8 @@ use std::time::Duration;
 use super::{GrpcAction, Observation};
 
 pub async fn attempt(action: &GrpcAction, host: &str, _timeout: Duration) -> Observation {
-    Observation::failed(format!("grpc {host}:{}: handler not built yet", action.port))
+    Observation::failed(format!(
+        "grpc {host}:{}: handler not built yet",
+        action.port
+    ))
 }

@@ -11,6 +11,7 @@
 pub mod exec;
 pub mod grpc;
 pub mod http;
+pub mod reaper;
 pub mod tcp;
 
 use std::fmt;
@@ -134,13 +135,12 @@ impl Target {
                             reason: format!("containerPort {} is out of range", p.container_port),
                         });
                 }
-                name.parse::<u16>()
-                    .ok()
-                    .filter(|n| *n != 0)
-                    .ok_or_else(|| AttemptError::UnresolvedPort {
+                name.parse::<u16>().ok().filter(|n| *n != 0).ok_or_else(|| {
+                    AttemptError::UnresolvedPort {
                         name: name.clone(),
                         reason: "no port with that name in the target container".into(),
-                    })
+                    }
+                })
             }
         }
     }
@@ -205,6 +205,44 @@ pub fn truncate_message(mut message: String) -> String {
     message
 }
 
+/// Formats a duration like Go's `time.Duration.String` ("1s", "1.5s", "2m0s", "500ms"), as the
+/// kubelet's messages do.
+pub fn go_duration(d: Duration) -> String {
+    fn fixed(value: u128, unit: u128, digits: usize) -> String {
+        let (int, frac) = (value / unit, value % unit);
+        if frac == 0 {
+            return int.to_string();
+        }
+        let frac = format!("{frac:0digits$}");
+        format!("{int}.{}", frac.trim_end_matches('0'))
+    }
+    let ns = d.as_nanos();
+    match ns {
+        0 => "0s".into(),
+        1..1_000 => format!("{ns}ns"),
+        1_000..1_000_000 => format!("{}\u{b5}s", fixed(ns, 1_000, 3)),
+        1_000_000..1_000_000_000 => format!("{}ms", fixed(ns, 1_000_000, 6)),
+        _ => {
+            let secs = ns / 1_000_000_000;
+            let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
+            let mut out = String::new();
+            if h > 0 {
+                out.push_str(&format!("{h}h"));
+            }
+            if h > 0 || m > 0 {
+                out.push_str(&format!("{m}m"));
+            }
+            out.push_str(&fixed(
+                s * 1_000_000_000 + ns % 1_000_000_000,
+                1_000_000_000,
+                9,
+            ));
+            out.push('s');
+            out
+        }
+    }
+}
+
 /// Runs single attempts. Cheap to clone; one per sidecar.
 #[derive(Debug, Clone)]
 pub struct Prober {
@@ -239,7 +277,9 @@ impl Prober {
             }
             Handler::Http(action) => {
                 let port = target.resolve_port(&action.port)?;
-                self.http.attempt(action, &target.host, port, timeout).await?
+                self.http
+                    .attempt(action, &target.host, port, timeout)
+                    .await?
             }
             Handler::Grpc(action) => grpc::attempt(action, &target.host, timeout).await,
         };
@@ -270,6 +310,27 @@ mod tests {
         assert!(cut.chars().all(|c| c == 'a'));
     }
 
+    #[test]
+    fn go_duration_matches_go() {
+        let cases = [
+            (Duration::ZERO, "0s"),
+            (Duration::from_nanos(5), "5ns"),
+            (Duration::from_nanos(1_500), "1.5\u{b5}s"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_micros(1_250), "1.25ms"),
+            (Duration::from_secs(1), "1s"),
+            (Duration::from_millis(1_500), "1.5s"),
+            (Duration::from_secs(2), "2s"),
+            (Duration::from_secs(60), "1m0s"),
+            (Duration::from_secs(125), "2m5s"),
+            (Duration::from_secs(3600), "1h0m0s"),
+            (Duration::from_millis(3_723_500), "1h2m3.5s"),
+        ];
+        for (d, want) in cases {
+            assert_eq!(go_duration(d), want, "{d:?}");
+        }
+    }
+
     fn named(name: &str, port: i32) -> ContainerPort {
         ContainerPort {
             name: Some(name.into()),
@@ -284,10 +345,18 @@ mod tests {
             host: "127.0.0.1".into(),
             container_ports: vec![named("main-port", 80), named("main-port", 81)],
         };
-        assert_eq!(target.resolve_port(&Port::Name("main-port".into())).unwrap(), 80);
+        assert_eq!(
+            target
+                .resolve_port(&Port::Name("main-port".into()))
+                .unwrap(),
+            80
+        );
         assert_eq!(target.resolve_port(&Port::Number(8080)).unwrap(), 8080);
         // OpenKruise's resolver falls back to parsing the name as a number.
-        assert_eq!(target.resolve_port(&Port::Name("9090".into())).unwrap(), 9090);
+        assert_eq!(
+            target.resolve_port(&Port::Name("9090".into())).unwrap(),
+            9090
+        );
         let err = target.resolve_port(&Port::Name("web".into())).unwrap_err();
         assert!(err.to_string().contains("\"web\""), "{err}");
         assert!(target.resolve_port(&Port::Name("0".into())).is_err());
