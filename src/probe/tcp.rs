@@ -1,8 +1,14 @@
 //! tcpSocket probes, and the dialer shared with httpGet probes.
 //!
-//! Like kubelet's ProbeDialer: SO_LINGER {on, 1 s} on every socket (keeps TIME_WAIT churn low
-//! under many probes), one deadline for name resolution and all addresses, errors worded like
+//! Like kubelet's dialer: one deadline for name resolution and all addresses, errors worded like
 //! Go's `net.Dial` (`dial tcp 127.0.0.1:1234: connect: connection refused`).
+//!
+//! Deliberate deviation: kubelet's ProbeDialer sets SO_LINGER {on, 1 s}. We do not. With a
+//! non-zero linger, Linux's close(2) blocks until the FIN is acknowledged (up to 1 s against an
+//! unresponsive peer) even on a non-blocking socket; Go parks a spare OS thread for that, but
+//! here the close would run on a tokio worker and stall every other probe on it (tokio deprecates
+//! `set_linger` for this reason). A normal close still sends FIN; the only difference is that
+//! TIME_WAIT handling stays the kernel default.
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -12,8 +18,6 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 
 use super::Observation;
-
-const LINGER: Duration = Duration::from_secs(1);
 
 pub async fn attempt(host: &str, port: u16, timeout: Duration) -> Observation {
     match dial(host, port, Instant::now() + timeout).await {
@@ -184,8 +188,6 @@ async fn connect(addr: SocketAddr, deadline: Instant) -> Result<TcpStream, DialE
         SocketAddr::V6(_) => TcpSocket::new_v6(),
     }
     .map_err(DialErrorKind::Socket)?;
-    // Best effort, as in kubelet's ProbeDialer.
-    let _ = socket.set_linger(Some(LINGER));
     match tokio::time::timeout_at(deadline, socket.connect(addr)).await {
         Err(_) => Err(DialErrorKind::Timeout),
         Ok(Err(e)) if e.kind() == io::ErrorKind::TimedOut => Err(DialErrorKind::Timeout),
