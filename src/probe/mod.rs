@@ -13,6 +13,7 @@ pub mod grpc;
 pub mod http;
 pub mod reaper;
 pub mod tcp;
+mod url;
 
 use std::fmt;
 use std::time::Duration;
