@@ -51,6 +51,11 @@ impl HttpProber {
         }
     }
 
+    /// The User-Agent sent by default (also used for grpc probes).
+    pub fn user_agent(&self) -> &str {
+        &self.user_agent
+    }
+
     pub async fn attempt(
         &self,
         action: &HttpAction,

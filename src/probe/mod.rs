@@ -282,7 +282,10 @@ impl Prober {
                     .attempt(action, &target.host, port, timeout)
                     .await?
             }
-            Handler::Grpc(action) => grpc::attempt(action, &target.host, timeout).await,
+            Handler::Grpc(action) => {
+                grpc::attempt_with_user_agent(action, &target.host, timeout, self.http.user_agent())
+                    .await
+            }
         };
         Ok(Observation {
             outcome: observation.outcome,
