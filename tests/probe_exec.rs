@@ -277,3 +277,42 @@ async fn fifty_mib_of_output_keeps_memory_bounded() {
         hwm_after - hwm_before
     );
 }
+
+/// An abandoned attempt (its future dropped, e.g. on shutdown) kills the command's group
+/// instead of leaving it running unobserved.
+#[tokio::test]
+async fn abandoned_attempt_kills_the_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("pid.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    // Read-write open (Linux): the reader never sees EOF while the script has not opened it.
+    let mut reader = tokio::net::unix::pipe::OpenOptions::new()
+        .read_write(true)
+        .open_receiver(&fifo)
+        .unwrap();
+    let mut orphans = reaper::orphans_reaped();
+    let script = format!("echo $$ > {}; sleep 30", fifo.display());
+    let attempt = tokio::spawn(async move { probe(sh(&script), 60 * SEC).await });
+    let mut line = String::new();
+    let mut buf = [0u8; 64];
+    while !line.ends_with('\n') {
+        let n = tokio::io::AsyncReadExt::read(&mut reader, &mut buf)
+            .await
+            .unwrap();
+        line.push_str(std::str::from_utf8(&buf[..n]).unwrap());
+    }
+    let pid: i32 = line.trim().parse().unwrap();
+    assert!(proc_exists(pid));
+    attempt.abort();
+    assert!(attempt.await.unwrap_err().is_cancelled());
+    let gone = async {
+        let mut seen = *orphans.borrow();
+        while proc_exists(pid) {
+            orphans.wait_for(|n| *n > seen).await.unwrap();
+            seen = *orphans.borrow();
+        }
+    };
+    tokio::time::timeout(10 * SEC, gone)
+        .await
+        .unwrap_or_else(|_| panic!("command {pid} survived its abandoned attempt"));
+}

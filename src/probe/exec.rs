@@ -54,6 +54,9 @@ pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observati
         .process_group(0);
     let (mut child, exit) = reaper::spawn(&mut command).map_err(spawn_error)?;
     let pid = Pid::from_raw(child.id() as i32);
+    // If this attempt is abandoned (its future dropped) before the command exits, the group
+    // is killed rather than left running unobserved.
+    let mut group_guard = KillGroupOnDrop(Some(pid));
     let pipes = (child.stdout.take(), child.stderr.take());
     // Never waited on: the reaper owns the status. Dropping a std Child does not kill it.
     drop(child);
@@ -85,6 +88,10 @@ pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observati
         }
     };
 
+    if status.is_some() {
+        // The main process has exited: what it left in the background may live on.
+        group_guard.0 = None;
+    }
     let Some(status) = status else {
         // Timed out: kill the whole group (grandchildren included), then collect the status.
         let _ = killpg(pid, Signal::SIGKILL);
@@ -124,6 +131,17 @@ pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observati
             )));
         }
     })
+}
+
+/// SIGKILLs the process group when dropped while armed.
+struct KillGroupOnDrop(Option<Pid>);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
 }
 
 /// One output stream: the first [`MAX_READ_BYTES`] are kept, the rest is discarded.

@@ -7,6 +7,10 @@
 //!   port, ...): the runner changes no state and no counter for it.
 //!
 //! Timing, thresholds and state live in `runner`; this module only does one attempt.
+//!
+//! Child processes: podprobe spawns children **only** through [`reaper::spawn`]. The reaper
+//! waits for every child of the process (`waitpid(-1)`, as PID 1 must), so `tokio::process` or
+//! `std::process::Child::wait`/`output`/`status` anywhere else in podprobe would race with it.
 
 pub mod exec;
 pub mod grpc;

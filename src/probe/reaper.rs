@@ -92,11 +92,12 @@ impl Reaper {
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(status) => {
                     let Some(pid) = status.pid() else { continue };
-                    match waiters.remove(&pid.as_raw()) {
-                        Some(tx) => {
-                            let _ = tx.send(status);
-                        }
-                        None => orphans += 1,
+                    let delivered = match waiters.remove(&pid.as_raw()) {
+                        Some(tx) => tx.send(status).is_ok(),
+                        None => false,
+                    };
+                    if !delivered {
+                        orphans += 1;
                     }
                 }
                 Err(Errno::EINTR) => continue,
@@ -158,8 +159,9 @@ pub fn spawn(command: &mut Command) -> io::Result<(Child, ExitStatusFuture)> {
     Ok((child, ExitStatusFuture { rx }))
 }
 
-/// Number of orphaned descendants (statuses of unregistered pids) reaped so far; a watch so
-/// callers (tests, metrics) can wait for it to move instead of sleeping.
+/// Number of exit statuses reaped that nobody waited for: orphaned descendants (unregistered
+/// pids) and children of abandoned attempts. A watch so callers (tests, metrics) can wait for
+/// it to move instead of sleeping.
 pub fn orphans_reaped() -> watch::Receiver<u64> {
     Reaper::get().orphans.subscribe()
 }
