@@ -70,14 +70,15 @@ impl HttpProber {
         };
         let url = ProbeUrl::for_probe(scheme, host, port, &action.path);
         let headers = RequestHeaders::new(&action.headers, &self.user_agent);
-        let (status, body) = match self.follow(url, &headers, deadline).await {
+        let (status, mut hop) = match self.follow(url, &headers, deadline).await {
             Ok(final_response) => final_response,
             // Transport/client errors are failures with the client's error text.
-            Err(HopError::Failed(message)) => return Ok(Observation::failed(message)),
+            Err(message) => return Ok(Observation::failed(message)),
         };
-        let mut body = body;
-        let text = read_body(&mut body.response, deadline).await?;
-        drop(body);
+        // Read (up to the limit) before looking at the status, as kubelet does: a body error
+        // is an errored attempt whatever the status.
+        let text = read_body(&mut hop.response, deadline).await?;
+        drop(hop);
         Ok(match status.as_u16() {
             200..=299 => Observation::succeeded(text),
             // kubelet's "warning": counted as success.
@@ -95,7 +96,7 @@ impl HttpProber {
         first: ProbeUrl,
         headers: &RequestHeaders,
         deadline: Instant,
-    ) -> Result<(StatusCode, Hop), HopError> {
+    ) -> Result<(StatusCode, Hop), String> {
         let original_hostname = first.hostname.clone();
         let mut url = first;
         let mut host_line = headers.host.clone();
@@ -116,16 +117,13 @@ impl HttpProber {
             .await
             {
                 Err(_) => {
-                    return Err(HopError::Failed(format!(
+                    return Err(format!(
                         "Get {:?}: context deadline exceeded (Client.Timeout exceeded while awaiting headers)",
                         url.to_string()
-                    )));
+                    ));
                 }
                 Ok(Err(message)) => {
-                    return Err(HopError::Failed(format!(
-                        "Get {:?}: {message}",
-                        url.to_string()
-                    )));
+                    return Err(format!("Get {:?}: {message}", url.to_string()));
                 }
                 Ok(Ok(hop)) => hop,
             };
@@ -141,19 +139,17 @@ impl HttpProber {
                 return Ok((status, hop));
             };
             let (next, absolute) = url.resolve(&location).map_err(|e| {
-                HopError::Failed(format!(
+                format!(
                     "Get {:?}: failed to parse Location header {location:?}: {e}",
                     url.to_string()
-                ))
+                )
             })?;
             if next.hostname != original_hostname {
                 // kubelet: http.ErrUseLastResponse → the redirect itself is the result.
                 return Ok((status, hop));
             }
             if requests >= MAX_REQUESTS {
-                return Err(HopError::Failed(format!(
-                    "Get {location:?}: stopped after 10 redirects"
-                )));
+                return Err(format!("Get {location:?}: stopped after 10 redirects"));
             }
             drop(hop);
             // Go keeps the original request's Host only for a relative Location.
@@ -205,10 +201,6 @@ impl HttpProber {
             other => Err(format!("unsupported protocol scheme {other:?}")),
         }
     }
-}
-
-enum HopError {
-    Failed(String),
 }
 
 /// A response with headers read, and the task driving its connection (aborted on drop, so an
