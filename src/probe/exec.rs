@@ -1,11 +1,203 @@
 //! exec probes (local mode: the command runs as a child of podprobe).
+//!
+//! - argv is executed verbatim: no shell, no `$(VAR)` expansion (OpenKruise passes the command
+//!   as is, unlike kubelet).
+//! - The command gets its own process group and a null stdin; on timeout the whole group is
+//!   SIGKILLed.
+//! - Exit 0 → Succeeded with stdout as message; non-zero → Failed with stderr as message. This
+//!   follows OpenKruise's daemon (OpenKruise Game matches results on stdout), not kubelet, which
+//!   reports stdout followed by stderr.
+//! - At most [`MAX_READ_BYTES`] of each stream is kept; the rest is read and discarded so a
+//!   chatty command never blocks on a full pipe and memory stays bounded.
+//! - The child is waited for through [`reaper`], never with `Child::wait`.
+use std::io::{self, ErrorKind};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::{AttemptError, ExecAction, Observation};
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
 
-pub async fn attempt(action: &ExecAction, _timeout: Duration) -> Result<Observation, AttemptError> {
-    Err(AttemptError::Other(format!(
-        "exec of {:?}: handler not built yet",
-        action.command
-    )))
+use super::{AttemptError, ExecAction, MAX_READ_BYTES, Observation, go_duration, reaper};
+
+/// After SIGKILL, how long to wait for the status before giving up on it (the reaper still
+/// collects it later). Only a process stuck in uninterruptible sleep takes this long.
+const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// After the main process has exited, at most this much already-buffered output is drained
+/// (non-blocking) per stream. Bounds the work when a background grandchild keeps writing.
+const FINAL_DRAIN_LIMIT: usize = 1 << 20;
+
+const SCRATCH_BYTES: usize = 32 * 1024;
+
+pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observation, AttemptError> {
+    let spawn_error = |source: io::Error| AttemptError::Spawn {
+        command: action.command.clone(),
+        source,
+    };
+    let Some((program, args)) = action.command.split_first() else {
+        return Err(spawn_error(io::Error::new(
+            ErrorKind::InvalidInput,
+            "empty command",
+        )));
+    };
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let (mut child, exit) = reaper::spawn(&mut command).map_err(spawn_error)?;
+    let pid = Pid::from_raw(child.id() as i32);
+    // If this attempt is abandoned (its future dropped) before the command exits, the group
+    // is killed rather than left running unobserved.
+    let mut group_guard = KillGroupOnDrop(Some(pid));
+    let pipes = (child.stdout.take(), child.stderr.take());
+    // Never waited on: the reaper owns the status. Dropping a std Child does not kill it.
+    drop(child);
+
+    let captures = match pipes {
+        (Some(out), Some(err)) => Capture::new(OwnedFd::from(out))
+            .and_then(|out| Ok((out, Capture::new(OwnedFd::from(err))?))),
+        _ => Err(io::Error::other("child has no stdout/stderr pipe")),
+    };
+    let (mut stdout, mut stderr) = match captures {
+        Ok(captures) => captures,
+        Err(e) => {
+            let _ = killpg(pid, Signal::SIGKILL);
+            return Err(AttemptError::Other(format!(
+                "cannot read the output of {:?}: {e}",
+                action.command
+            )));
+        }
+    };
+
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut exit = std::pin::pin!(exit.wait());
+    let status = loop {
+        tokio::select! {
+            status = &mut exit => break Some(status),
+            () = stdout.read_some(), if stdout.open => {}
+            () = stderr.read_some(), if stderr.open => {}
+            () = tokio::time::sleep_until(deadline) => break None,
+        }
+    };
+
+    if status.is_some() {
+        // The main process has exited: what it left in the background may live on.
+        group_guard.0 = None;
+    }
+    let Some(status) = status else {
+        // Timed out: kill the whole group (grandchildren included), then collect the status.
+        let _ = killpg(pid, Signal::SIGKILL);
+        let _ = tokio::time::timeout(KILL_GRACE, exit).await;
+        return Ok(Observation::failed(format!(
+            "command timed out: \"{}\" timed out after {}",
+            action.command.join(" "),
+            go_duration(timeout)
+        )));
+    };
+    let Some(status) = status else {
+        return Err(AttemptError::Other("the process reaper is gone".into()));
+    };
+
+    // The main process has exited, so everything it wrote is already in the pipes. A
+    // background grandchild may hold the write ends open indefinitely, so we do not wait for
+    // EOF: take what is buffered now (non-blocking) and finish.
+    stdout.drain_buffered();
+    stderr.drain_buffered();
+
+    Ok(match status {
+        WaitStatus::Exited(_, 0) => Observation::succeeded(stdout.text()),
+        WaitStatus::Exited(_, _) => Observation::failed(stderr.text()),
+        WaitStatus::Signaled(_, signal, _) => {
+            let stderr = stderr.text();
+            let mut message = format!("command terminated by signal {}", signal.as_str());
+            if !stderr.is_empty() {
+                message.push_str(": ");
+                message.push_str(&stderr);
+            }
+            Observation::failed(message)
+        }
+        other => {
+            return Err(AttemptError::Other(format!(
+                "unexpected wait status {other:?} for {:?}",
+                action.command
+            )));
+        }
+    })
+}
+
+/// SIGKILLs the process group when dropped while armed.
+struct KillGroupOnDrop(Option<Pid>);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+/// One output stream: the first [`MAX_READ_BYTES`] are kept, the rest is discarded.
+struct Capture {
+    pipe: pipe::Receiver,
+    kept: Vec<u8>,
+    scratch: Vec<u8>,
+    open: bool,
+}
+
+impl Capture {
+    fn new(fd: OwnedFd) -> io::Result<Capture> {
+        Ok(Capture {
+            pipe: pipe::Receiver::from_owned_fd(fd)?,
+            kept: Vec::new(),
+            scratch: vec![0; SCRATCH_BYTES],
+            open: true,
+        })
+    }
+
+    fn keep(&mut self, n: usize) {
+        let room = MAX_READ_BYTES.saturating_sub(self.kept.len());
+        let take = n.min(room);
+        self.kept.extend_from_slice(&self.scratch[..take]);
+    }
+
+    /// Reads one chunk (cancel-safe: a cancelled read consumed nothing).
+    async fn read_some(&mut self) {
+        match self.pipe.read(&mut self.scratch).await {
+            Ok(0) => self.open = false,
+            Ok(n) => self.keep(n),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => self.open = false,
+        }
+    }
+
+    /// Takes what is already in the pipe without waiting for more.
+    fn drain_buffered(&mut self) {
+        let mut drained = 0;
+        while self.open && drained < FINAL_DRAIN_LIMIT {
+            // A real read(2) on the (non-blocking) fd: tokio's `try_read` would answer
+            // WouldBlock from its cached readiness before the driver has seen the data.
+            match nix::unistd::read(self.pipe.as_fd(), &mut self.scratch) {
+                Ok(0) => self.open = false,
+                Ok(n) => {
+                    drained += n;
+                    self.keep(n);
+                }
+                Err(nix::errno::Errno::EINTR) => {}
+                // EAGAIN: nothing buffered right now.
+                Err(_) => break,
+            }
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.kept).into_owned()
+    }
 }

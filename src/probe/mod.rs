@@ -7,11 +7,17 @@
 //!   port, ...): the runner changes no state and no counter for it.
 //!
 //! Timing, thresholds and state live in `runner`; this module only does one attempt.
+//!
+//! Child processes: podprobe spawns children **only** through [`reaper::spawn`]. The reaper
+//! waits for every child of the process (`waitpid(-1)`, as PID 1 must), so `tokio::process` or
+//! `std::process::Child::wait`/`output`/`status` anywhere else in podprobe would race with it.
 
 pub mod exec;
 pub mod grpc;
 pub mod http;
+pub mod reaper;
 pub mod tcp;
+mod url;
 
 use std::fmt;
 use std::time::Duration;
@@ -204,6 +210,44 @@ pub fn truncate_message(mut message: String) -> String {
     message
 }
 
+/// Formats a duration like Go's `time.Duration.String` ("1s", "1.5s", "2m0s", "500ms"), as the
+/// kubelet's messages do.
+pub fn go_duration(d: Duration) -> String {
+    fn fixed(value: u128, unit: u128, digits: usize) -> String {
+        let (int, frac) = (value / unit, value % unit);
+        if frac == 0 {
+            return int.to_string();
+        }
+        let frac = format!("{frac:0digits$}");
+        format!("{int}.{}", frac.trim_end_matches('0'))
+    }
+    let ns = d.as_nanos();
+    match ns {
+        0 => "0s".into(),
+        1..1_000 => format!("{ns}ns"),
+        1_000..1_000_000 => format!("{}\u{b5}s", fixed(ns, 1_000, 3)),
+        1_000_000..1_000_000_000 => format!("{}ms", fixed(ns, 1_000_000, 6)),
+        _ => {
+            let secs = ns / 1_000_000_000;
+            let (h, m, s) = (secs / 3600, (secs / 60) % 60, secs % 60);
+            let mut out = String::new();
+            if h > 0 {
+                out.push_str(&format!("{h}h"));
+            }
+            if h > 0 || m > 0 {
+                out.push_str(&format!("{m}m"));
+            }
+            out.push_str(&fixed(
+                s * 1_000_000_000 + ns % 1_000_000_000,
+                1_000_000_000,
+                9,
+            ));
+            out.push('s');
+            out
+        }
+    }
+}
+
 /// Runs single attempts. Cheap to clone; one per sidecar.
 #[derive(Debug, Clone)]
 pub struct Prober {
@@ -242,7 +286,10 @@ impl Prober {
                     .attempt(action, &target.host, port, timeout)
                     .await?
             }
-            Handler::Grpc(action) => grpc::attempt(action, &target.host, timeout).await,
+            Handler::Grpc(action) => {
+                grpc::attempt_with_user_agent(action, &target.host, timeout, self.http.user_agent())
+                    .await
+            }
         };
         Ok(Observation {
             outcome: observation.outcome,
@@ -269,6 +316,27 @@ mod tests {
         let cut = truncate_message(msg);
         assert_eq!(cut.len(), MAX_MESSAGE_BYTES - 1);
         assert!(cut.chars().all(|c| c == 'a'));
+    }
+
+    #[test]
+    fn go_duration_matches_go() {
+        let cases = [
+            (Duration::ZERO, "0s"),
+            (Duration::from_nanos(5), "5ns"),
+            (Duration::from_nanos(1_500), "1.5\u{b5}s"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_micros(1_250), "1.25ms"),
+            (Duration::from_secs(1), "1s"),
+            (Duration::from_millis(1_500), "1.5s"),
+            (Duration::from_secs(2), "2s"),
+            (Duration::from_secs(60), "1m0s"),
+            (Duration::from_secs(125), "2m5s"),
+            (Duration::from_secs(3600), "1h0m0s"),
+            (Duration::from_millis(3_723_500), "1h2m3.5s"),
+        ];
+        for (d, want) in cases {
+            assert_eq!(go_duration(d), want, "{d:?}");
+        }
     }
 
     fn named(name: &str, port: i32) -> ContainerPort {

@@ -1,0 +1,173 @@
+//! Process reaper: the one place that waits for child processes.
+//!
+//! podprobe may run as PID 1 of its container, so it inherits every orphaned grandchild of the
+//! exec probes it runs (`sh -c "sleep 5 &"` leaves `sleep` behind). Nobody else would collect
+//! their exit statuses, so they would pile up as zombies. To make tests behave like PID 1, the
+//! process marks itself a *child subreaper* (`PR_SET_CHILD_SUBREAPER`) the first time the reaper
+//! is used: orphaned descendants are then re-parented to podprobe wherever it runs.
+//!
+//! The reaper collects statuses with `waitpid(-1, WNOHANG)` on a dedicated thread, woken by
+//! SIGCHLD (through tokio's signal stream, on a runtime owned by that thread so the signal
+//! registration never dies with some other runtime). Statuses of pids registered by [`spawn`]
+//! are handed to the waiting attempt; all others are orphans and are dropped (counted).
+//!
+//! **Invariant: podprobe spawns children only through [`spawn`].** The reaper waits for *any*
+//! child, so `tokio::process`, `std::process::Child::wait`/`output`/`status` must not be used
+//! anywhere in the process: their `waitpid(pid)` would race with ours and either lose the status
+//! (ECHILD) or hang. Tests in a binary that uses exec probes must run their servers in-process.
+//!
+//! Registration happens under the same lock the reaper holds while calling `waitpid`, and
+//! [`spawn`] holds it across `fork/exec`: a child that exits instantly cannot be reaped before
+//! its pid is registered. (std's spawn reaps a child whose `exec` failed itself, with
+//! `waitpid(pid)`, also while we hold the lock, so that case cannot race either.)
+
+use std::collections::HashMap;
+use std::io;
+use std::process::{Child, Command};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use tokio::sync::{oneshot, watch};
+
+/// Safety net in case a SIGCHLD is ever missed (the stream coalesces signals, but every
+/// wake-up drains all pending statuses, so this should never matter).
+const POLL_FALLBACK: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+struct Reaper {
+    waiters: Mutex<HashMap<i32, oneshot::Sender<WaitStatus>>>,
+    orphans: watch::Sender<u64>,
+}
+
+static REAPER: OnceLock<Reaper> = OnceLock::new();
+static STARTED: OnceLock<()> = OnceLock::new();
+
+/// The exit status of a child started by [`spawn`].
+#[derive(Debug)]
+pub struct ExitStatusFuture {
+    rx: oneshot::Receiver<WaitStatus>,
+}
+
+impl ExitStatusFuture {
+    /// Waits for the child to terminate. `None` only if the reaper is gone (it never is).
+    pub async fn wait(self) -> Option<WaitStatus> {
+        self.rx.await.ok()
+    }
+}
+
+impl Reaper {
+    fn get() -> &'static Reaper {
+        let reaper = REAPER.get_or_init(|| Reaper {
+            waiters: Mutex::new(HashMap::new()),
+            orphans: watch::Sender::new(0),
+        });
+        STARTED.get_or_init(|| {
+            if let Err(err) = nix::sys::prctl::set_child_subreaper(true) {
+                tracing::warn!(%err, "cannot become a child subreaper; orphans of exec probes are reaped only when podprobe is PID 1");
+            }
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("podprobe-reaper".into())
+                .spawn(move || reaper_thread(reaper, ready_tx))
+                .expect("cannot start the reaper thread");
+            // Wait until SIGCHLD is being listened to: statuses pending before that are
+            // collected by the first pass the thread makes after registering.
+            let _ = ready_rx.recv();
+        });
+        reaper
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<i32, oneshot::Sender<WaitStatus>>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Collects every pending exit status.
+    fn reap_all(&self) {
+        let mut waiters = self.lock();
+        let mut orphans = 0u64;
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(status) => {
+                    let Some(pid) = status.pid() else { continue };
+                    let delivered = match waiters.remove(&pid.as_raw()) {
+                        Some(tx) => tx.send(status).is_ok(),
+                        None => false,
+                    };
+                    if !delivered {
+                        orphans += 1;
+                    }
+                }
+                Err(Errno::EINTR) => continue,
+                // ECHILD: no children at all.
+                Err(_) => break,
+            }
+        }
+        drop(waiters);
+        if orphans > 0 {
+            self.orphans.send_modify(|n| *n += orphans);
+        }
+    }
+}
+
+fn reaper_thread(reaper: &'static Reaper, ready: std::sync::mpsc::Sender<()>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build();
+    let Ok(runtime) = runtime else {
+        let _ = ready.send(());
+        // No runtime: fall back to polling.
+        loop {
+            reaper.reap_all();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    runtime.block_on(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut sigchld = signal(SignalKind::child()).ok();
+        let poll = if sigchld.is_some() {
+            POLL_FALLBACK
+        } else {
+            tracing::warn!("cannot listen for SIGCHLD; polling for exited children");
+            Duration::from_millis(20)
+        };
+        let _ = ready.send(());
+        loop {
+            reaper.reap_all();
+            match sigchld.as_mut() {
+                Some(s) => {
+                    let _ = tokio::time::timeout(poll, s.recv()).await;
+                }
+                None => tokio::time::sleep(poll).await,
+            }
+        }
+    });
+}
+
+/// Starts `command` and registers its pid with the reaper. The returned `Child` must never be
+/// waited on (its stdio handles may be taken); use the [`ExitStatusFuture`] instead.
+pub fn spawn(command: &mut Command) -> io::Result<(Child, ExitStatusFuture)> {
+    let reaper = Reaper::get();
+    let mut waiters = reaper.lock();
+    let child = command.spawn()?;
+    let (tx, rx) = oneshot::channel();
+    let pid = i32::try_from(child.id()).map_err(io::Error::other)?;
+    waiters.insert(pid, tx);
+    Ok((child, ExitStatusFuture { rx }))
+}
+
+/// Number of exit statuses reaped that nobody waited for: orphaned descendants (unregistered
+/// pids) and children of abandoned attempts. A watch so callers (tests, metrics) can wait for
+/// it to move instead of sleeping.
+pub fn orphans_reaped() -> watch::Receiver<u64> {
+    Reaper::get().orphans.subscribe()
+}
+
+/// Makes this process a child subreaper and starts the reaper thread, if not done yet.
+/// Called implicitly by [`spawn`]; the binary may call it at start-up.
+pub fn init() {
+    Reaper::get();
+}
