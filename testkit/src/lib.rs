@@ -25,6 +25,7 @@ pub mod discovery;
 pub mod error;
 pub mod faults;
 pub mod journal;
+pub mod openapi;
 pub mod patch;
 pub mod resources;
 pub mod selectors;

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::auth::{Attributes, Auth, User};
 use crate::discovery;
+use crate::openapi;
 use crate::error::ApiError;
 use crate::faults::{Action, Fault, Faults};
 use crate::journal::{Entry, Journal};
@@ -325,6 +326,8 @@ async fn route(
             ["api", v] => discovery::resource_list("", v),
             ["apis", g] => discovery::group(g),
             ["apis", g, v] => discovery::resource_list(g, v),
+            ["openapi", "v3"] => Some(openapi::index()),
+            ["openapi", "v3", rest @ ..] => openapi::document(&rest.join("/")),
             ["healthz" | "readyz" | "livez"] => {
                 return Ok(Response::new(full("ok")));
             }
