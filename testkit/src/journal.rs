@@ -76,9 +76,9 @@ impl Journal {
     }
 
     /// Entries whose method is `method` (any when empty) and whose path
-    /// ends with `path_suffix` — e.g. `("PATCH", "pods/status")` hits
-    /// `/api/v1/namespaces/ns/pods/p/status`. The suffix is matched against
-    /// the path with the object name removed too, so `pods/status` matches.
+    /// ends with `path_suffix`, or whose resource (`pods`, `pods/status`,
+    /// names and namespaces left out) is `path_suffix`: `("PATCH",
+    /// "pods/status")` counts patches of any pod's status.
     pub fn matching(&self, method: &str, path_suffix: &str) -> Vec<Entry> {
         self.lock()
             .iter()
@@ -109,22 +109,35 @@ impl Journal {
     }
 }
 
-/// `/api/v1/namespaces/ns/pods/p/status` matches `pods/status`, `p/status`,
-/// `/status` and `pods/p/status`; `/api/v1/namespaces/ns/pods` matches `pods`.
-fn path_matches(path: &str, suffix: &str) -> bool {
-    if path.ends_with(suffix) {
-        return true;
-    }
-    // Drop the name segment: .../<plural>/<name>/<sub> -> .../<plural>/<sub>
-    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    let n = segs.len();
-    if n >= 3 {
-        let without_name = format!("{}/{}", segs[..n - 2].join("/"), segs[n - 1]);
-        if without_name.ends_with(suffix) && suffix.contains('/') {
-            return true;
+/// The resource form of an API path: `pods`, `pods/status`, `events`.
+fn resource_form(path: &str) -> Option<String> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest = match segs.as_slice() {
+        ["api", _, rest @ ..] => rest,
+        ["apis", _, _, rest @ ..] => rest,
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _, r, more @ ..] => {
+            let mut v = vec![*r];
+            v.extend_from_slice(more);
+            v
         }
+        r => r.to_vec(),
+    };
+    match rest.as_slice() {
+        [plural] | [plural, _] => Some(plural.to_string()),
+        [plural, _, sub] => Some(format!("{plural}/{sub}")),
+        _ => None,
     }
-    false
+}
+
+/// A path matches when it ends with `suffix`, or when its resource form
+/// (`pods/status` for `/api/v1/namespaces/ns/pods/p/status`) equals the
+/// suffix without a leading `/`.
+fn path_matches(path: &str, suffix: &str) -> bool {
+    path.ends_with(suffix)
+        || resource_form(path).is_some_and(|f| f == suffix.trim_start_matches('/'))
 }
 
 #[cfg(test)]
@@ -155,6 +168,7 @@ mod tests {
         assert_eq!(j.count("PATCH", "pods/status"), 1);
         assert_eq!(j.count("patch", "/status"), 1);
         assert_eq!(j.count("", "p/status"), 2);
+        assert_eq!(j.count("", "pods"), 1);
         assert_eq!(j.count("PATCH", "pods/p"), 1);
         assert_eq!(j.entries()[2].seq, 3);
     }

@@ -37,8 +37,12 @@ pub fn index() -> Value {
 /// `/openapi/v3/api/v1`, `/openapi/v3/apis/<group>/<version>`.
 pub fn document(gv: &str) -> Option<Value> {
     let mut paths = Map::new();
-    let field_validation = json!({"name": "fieldValidation", "in": "query", "schema": {"type": "string"}});
-    for r in RESOURCES.iter().filter(|r| gv_path(r.group, r.version) == gv) {
+    let field_validation =
+        json!({"name": "fieldValidation", "in": "query", "schema": {"type": "string"}});
+    for r in RESOURCES
+        .iter()
+        .filter(|r| gv_path(r.group, r.version) == gv)
+    {
         let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
         let base = if r.namespaced {
             format!("/{gv}/namespaces/{{namespace}}/{}", r.plural)
@@ -53,7 +57,10 @@ pub fn document(gv: &str) -> Option<Value> {
                 "responses": {"200": {"description": "OK"}},
             })
         };
-        paths.insert(base.clone(), json!({"get": op("list"), "post": op("create")}));
+        paths.insert(
+            base.clone(),
+            json!({"get": op("list"), "post": op("create")}),
+        );
         paths.insert(
             format!("{base}/{{name}}"),
             json!({"get": op("read"), "put": op("replace"), "patch": op("patch"), "delete": op("delete")}),

@@ -19,10 +19,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::auth::{Attributes, Auth, User};
 use crate::discovery;
-use crate::openapi;
 use crate::error::ApiError;
 use crate::faults::{Action, Fault, Faults};
 use crate::journal::{Entry, Journal};
+use crate::openapi;
 use crate::patch::{self, PatchType};
 use crate::resources::{self, ResourceDef};
 use crate::selectors::{FieldSelector, LabelSelector};
