@@ -375,6 +375,11 @@ async fn route(
             &name,
         ));
     }
+    if req.q.contains_key("dryRun") {
+        return Err(ApiError::bad_request(
+            "testkit: dryRun is not supported (the real server would evaluate the request without persisting it)",
+        ));
+    }
     let r = t.r;
     let store = &shared.store;
     let endpoint = if sub == "status" {

@@ -524,11 +524,10 @@ impl Store {
             _ => {}
         }
         match meta_str(&new, "resourceVersion") {
-            Some(v) if !v.is_empty() => {
-                if v != old_rv {
-                    return Err(ApiError::stale_resource_version(r.group, r.plural, name));
-                }
+            Some(v) if !v.is_empty() && v != old_rv => {
+                return Err(ApiError::stale_resource_version(r.group, r.plural, name));
             }
+            Some(v) if !v.is_empty() => {}
             _ if r.custom => {
                 return Err(ApiError::invalid(
                     r.group,
@@ -599,6 +598,32 @@ impl Store {
                     Some(v) => m.insert(f.into(), v.clone()),
                     None => m.remove(f),
                 };
+            }
+        }
+        if meta(&old).get("deletionTimestamp").is_some() {
+            let olds = meta(&old)
+                .get("finalizers")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            let added: Vec<String> = meta(&new)
+                .get("finalizers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|f| !olds.contains(f))
+                .map(|f| format!("{:?}", f.as_str().unwrap_or_default()))
+                .collect();
+            if !added.is_empty() {
+                return Err(ApiError::invalid(
+                    r.group,
+                    r.kind,
+                    name,
+                    &format!(
+                        "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+                        added.join(", ")
+                    ),
+                ));
             }
         }
         if r.is_pod()

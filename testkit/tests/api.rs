@@ -350,6 +350,16 @@ async fn delete_with_finalizers_marks_then_removing_the_last_one_deletes() {
     let marked = res.left().expect("object still there");
     assert!(marked.metadata.deletion_timestamp.is_some());
     assert!(leases.get("l").await.is_ok());
+    // No new finalizers on an object being deleted.
+    let e = leases
+        .patch(
+            "l",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["a/b", "c/d"]}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(e).0, 422);
     leases
         .patch(
             "l",
@@ -601,4 +611,94 @@ async fn set_object_and_update_pod_status_emit_writes() {
     assert_eq!(got.status.unwrap().pod_ip.as_deref(), Some("10.0.0.7"));
     let stored: Pod = api.get("default", "a").unwrap();
     assert_eq!(stored.metadata.uid, got.metadata.uid);
+}
+
+#[tokio::test]
+async fn more_error_paths() {
+    let (api, pods) = setup().await;
+    pods.create(&PostParams::default(), &pod("a", json!({})))
+        .await
+        .unwrap();
+    let c = api.client();
+    // A verb the resource path does not take.
+    let (code, _, body) = raw(
+        &c,
+        "PUT",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        "{}",
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (405, Some("MethodNotAllowed"))
+    );
+    // An unknown resource.
+    let (code, _, _) = raw(&c, "GET", "/api/v1/namespaces/default/widgets", "", "").await;
+    assert_eq!(code, 404);
+    // The body's namespace differs from the URL's.
+    let mut other = pod("b", json!({}));
+    other.metadata.namespace = Some("kube-system".into());
+    let e = pods
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(e).0, 400);
+    // dryRun is refused rather than silently persisted.
+    let e = pods
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &pod("c", json!({})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(e).0, 400);
+    assert_eq!(status_of(pods.get("c").await.unwrap_err()).0, 404);
+    // A custom resource update without a resourceVersion is 422.
+    let (code, _, _) = raw(
+        &c,
+        "POST",
+        "/apis/apps.kruise.io/v1alpha1/namespaces/default/podprobemarkers",
+        "application/json",
+        r#"{"apiVersion":"apps.kruise.io/v1alpha1","kind":"PodProbeMarker","metadata":{"name":"m"},"spec":{}}"#,
+    )
+    .await;
+    assert_eq!(code, 201);
+    let (code, _, body) = raw(
+        &c,
+        "PUT",
+        "/apis/apps.kruise.io/v1alpha1/namespaces/default/podprobemarkers/m",
+        "application/json",
+        r#"{"apiVersion":"apps.kruise.io/v1alpha1","kind":"PodProbeMarker","metadata":{"name":"m"},"spec":{"x":1}}"#,
+    )
+    .await;
+    assert_eq!((code, body["reason"].as_str()), (422, Some("Invalid")));
+    // A delete whose resourceVersion precondition is stale.
+    let dp = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: None,
+            resource_version: Some("1".into()),
+        }),
+        ..Default::default()
+    };
+    let e = pods.delete("a", &dp).await.unwrap_err();
+    let (code, _, msg) = status_of(e);
+    assert_eq!(code, 409);
+    assert!(
+        msg.contains("Precondition failed: ResourceVersion in precondition: 1"),
+        "{msg}"
+    );
+    // A body that is not JSON.
+    let (code, _, _) = raw(
+        &c,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        "{nope",
+    )
+    .await;
+    assert_eq!(code, 400);
 }

@@ -52,6 +52,7 @@ async fn status_code_n_times_then_normal() {
         .await
         .unwrap();
     assert_eq!(api.journal().count("PATCH", "pods/status"), 4);
+    assert_eq!(api.journal().count(http::Method::PATCH, "pods/status"), 4);
     let faulted: Vec<bool> = api
         .journal()
         .matching("PATCH", "pods/status")
