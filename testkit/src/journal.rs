@@ -93,6 +93,27 @@ impl Journal {
         self.matching(method.as_ref(), path_suffix).len()
     }
 
+    /// Wait until at least `n` requests match (as [`count`](Self::count)),
+    /// polling every 10 ms; `false` if `within` passes first.
+    pub async fn wait_for_count(
+        &self,
+        method: impl AsRef<str>,
+        path_suffix: &str,
+        n: usize,
+        within: std::time::Duration,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.count(method.as_ref(), path_suffix) >= n {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// Forget all entries.
     pub fn clear(&self) {
         self.lock().clear();

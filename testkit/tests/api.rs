@@ -702,3 +702,31 @@ async fn more_error_paths() {
     .await;
     assert_eq!(code, 400);
 }
+
+#[tokio::test]
+async fn lease_takeover_race_has_one_winner() {
+    let api = ApiServer::start().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(api.client(), "default");
+    let l: Lease = serde_json::from_value(json!({"metadata": {"name": "podprobe-manager"},
+        "spec": {"holderIdentity": "old", "leaseDurationSeconds": 15,
+                 "renewTime": "2026-01-01T00:00:00.000000Z"}}))
+    .unwrap();
+    leases.create(&PostParams::default(), &l).await.unwrap();
+    let seen = leases.get("podprobe-manager").await.unwrap();
+    let take = |who: &'static str| {
+        let leases = leases.clone();
+        let mut mine = seen.clone();
+        async move {
+            mine.spec.as_mut().unwrap().holder_identity = Some(who.into());
+            leases
+                .replace("podprobe-manager", &PostParams::default(), &mine)
+                .await
+        }
+    };
+    let (a, b) = tokio::join!(take("a"), take("b"));
+    assert!(a.is_ok() != b.is_ok(), "exactly one candidate wins");
+    let loser = a.err().or(b.err()).unwrap();
+    assert_eq!(status_of(loser).0, 409);
+    let now = leases.get("podprobe-manager").await.unwrap();
+    assert_ne!(now.spec.unwrap().holder_identity.as_deref(), Some("old"));
+}

@@ -400,3 +400,49 @@ async fn controller_reconciles_podprobemarkers_and_owned_pods() {
     assert!(reconciles.load(Ordering::SeqCst) >= 2);
     handle.abort();
 }
+
+#[tokio::test]
+async fn kube_watcher_relists_after_410_and_misses_nothing() {
+    let api = ApiServer::start().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(api.client(), "default");
+    pods.create(&PostParams::default(), &pod("a", json!({})))
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let w = tokio::spawn(
+        watcher(pods.clone(), watcher::Config::default())
+            .default_backoff()
+            .touched_objects()
+            .for_each(move |p| {
+                if let Ok(p) = p {
+                    let _ = tx.send(p.metadata.name.unwrap_or_default());
+                }
+                async {}
+            }),
+    );
+    assert_eq!(timeout(T, rx.recv()).await.unwrap().unwrap(), "a");
+    // Down; meanwhile a pod appears and the history is compacted, so the
+    // resumed watch gets 410 and the watcher must relist to see "b".
+    api.stop().await;
+    api.create(&pod("b", json!({}))).unwrap();
+    api.compact();
+    api.restart().await.unwrap();
+    loop {
+        if timeout(T, rx.recv()).await.unwrap().unwrap() == "b" {
+            break;
+        }
+    }
+    assert!(
+        api.journal()
+            .wait_for_count("GET", "pods", 3, Duration::from_secs(1))
+            .await
+    );
+    let lists = api
+        .journal()
+        .matching("GET", "pods")
+        .into_iter()
+        .filter(|e| !e.is_watch())
+        .count();
+    assert_eq!(lists, 2, "an initial list and a relist after 410");
+    w.abort();
+}
