@@ -258,20 +258,32 @@ impl Store {
             }
         }
         self.notify.send_replace(g.rv);
+        if kind == EventType::Deleted && r.namespaced {
+            let ns = meta_str(&obj, "namespace").unwrap_or("").to_string();
+            self.reap_namespace(g, &ns);
+        }
         obj
     }
 
-    fn check_namespace(g: &Inner, r: &ResourceDef, ns: &str) -> Result<(), ApiError> {
-        if r.namespaced
-            && !g.objects.contains_key(&(
-                String::from("/namespaces"),
-                String::new(),
-                ns.to_string(),
-            ))
-        {
-            return Err(ApiError::not_found("", "namespaces", ns));
+    fn check_namespace(g: &Inner, r: &ResourceDef, ns: &str, name: &str) -> Result<(), ApiError> {
+        if !r.namespaced {
+            return Ok(());
         }
-        Ok(())
+        match g
+            .objects
+            .get(&(String::from("/namespaces"), String::new(), ns.to_string()))
+        {
+            None => Err(ApiError::not_found("", "namespaces", ns)),
+            Some(n) if meta(n).get("deletionTimestamp").is_some() => {
+                let mut e = ApiError::forbidden("", "create", r.group, r.plural, "", ns, name);
+                e.message = format!(
+                    "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                    crate::error::qualified(r.group, r.plural)
+                );
+                Err(e)
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     /// Fill `kind`/`apiVersion` and check the body names this resource.
@@ -360,7 +372,7 @@ impl Store {
         }
         let key = Self::key(r, ns, &name);
         if r.plural != "namespaces" || !r.group.is_empty() {
-            Self::check_namespace(&g, r, ns)?;
+            Self::check_namespace(&g, r, ns, &name)?;
         }
         if g.objects.contains_key(&key) {
             return Err(ApiError::already_exists(r.group, r.plural, &name));
@@ -685,6 +697,17 @@ impl Store {
         opts: &DeleteOpts,
     ) -> Result<Value, ApiError> {
         let mut g = self.lock();
+        self.delete_locked(&mut g, r, ns, name, opts)
+    }
+
+    fn delete_locked(
+        &self,
+        g: &mut Inner,
+        r: &ResourceDef,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> Result<Value, ApiError> {
         let key = Self::key(r, ns, name);
         let old = g
             .objects
@@ -717,6 +740,9 @@ impl Store {
                 ),
             ));
         }
+        if r.group.is_empty() && r.plural == "namespaces" {
+            return self.delete_namespace(g, r, old);
+        }
         // Graceful deletion of pods: a pod bound to a node and not finished
         // waits for its kubelet (the test) unless the grace period is 0.
         let mut grace = 0;
@@ -745,7 +771,7 @@ impl Store {
             }
         }
         if grace == 0 && finalizers_empty(&old) {
-            return Ok(self.emit(&mut g, r, EventType::Deleted, old, None));
+            return Ok(self.emit(g, r, EventType::Deleted, old, None));
         }
         let mut new = old.clone();
         let when = (Utc::now() + chrono::Duration::seconds(grace))
@@ -758,7 +784,52 @@ impl Store {
         if new == old {
             return Ok(old);
         }
-        Ok(self.emit(&mut g, r, EventType::Modified, new, Some(old)))
+        Ok(self.emit(g, r, EventType::Modified, new, Some(old)))
+    }
+
+    /// A namespace goes Terminating, its content is deleted (with the usual
+    /// rules: finalizers and graceful pod deletion may keep objects), and it
+    /// goes once empty.
+    fn delete_namespace(
+        &self,
+        g: &mut Inner,
+        r: &ResourceDef,
+        old: Value,
+    ) -> Result<Value, ApiError> {
+        let name = meta_str(&old, "name").unwrap_or("").to_string();
+        let mut ns_obj = old.clone();
+        if meta(&old).get("deletionTimestamp").is_none() {
+            meta_mut(&mut ns_obj).insert("deletionTimestamp".into(), json!(now()));
+            ns_obj["status"] = json!({"phase": "Terminating"});
+            ns_obj = self.emit(g, r, EventType::Modified, ns_obj, Some(old));
+        }
+        let content: Vec<(String, String)> = g
+            .objects
+            .keys()
+            .filter(|(_, n, _)| *n == name)
+            .map(|(res, _, obj)| (res.clone(), obj.clone()))
+            .collect();
+        for (res, obj) in content {
+            if let Some(rd) = resources::RESOURCES
+                .iter()
+                .find(|d| resources::storage_key(d) == res)
+            {
+                let _ = self.delete_locked(g, rd, &name, &obj, &DeleteOpts::default());
+            }
+        }
+        Ok(self.reap_namespace(g, &name).unwrap_or(ns_obj))
+    }
+
+    /// Remove a Terminating namespace that has become empty.
+    fn reap_namespace(&self, g: &mut Inner, ns: &str) -> Option<Value> {
+        let key = (String::from("/namespaces"), String::new(), ns.to_string());
+        let ns_obj = g.objects.get(&key)?.clone();
+        meta(&ns_obj).get("deletionTimestamp")?;
+        if g.objects.keys().any(|(_, n, _)| n == ns) {
+            return None;
+        }
+        let r = resources::find("", "v1", "namespaces").expect("namespaces served");
+        Some(self.emit(g, r, EventType::Deleted, ns_obj, None))
     }
 
     /// Write `obj` as given (as the kubelet or a controller outside the API

@@ -730,3 +730,35 @@ async fn lease_takeover_race_has_one_winner() {
     let now = leases.get("podprobe-manager").await.unwrap();
     assert_ne!(now.spec.unwrap().holder_identity.as_deref(), Some("old"));
 }
+
+#[tokio::test]
+async fn namespace_deletion_terminates_then_goes_when_empty() {
+    let api = ApiServer::start().await.unwrap();
+    api.create_namespace("team").unwrap();
+    let pods: Api<Pod> = Api::namespaced(api.client(), "team");
+    let leases: Api<Lease> = Api::namespaced(api.client(), "team");
+    let mut p = pod("a", json!({}));
+    p.metadata.namespace = None;
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    let l: Lease = serde_json::from_value(json!({"metadata": {"name": "l"}})).unwrap();
+    leases.create(&PostParams::default(), &l).await.unwrap();
+    let nss: Api<Namespace> = Api::all(api.client());
+    nss.delete("team", &DeleteParams::default()).await.unwrap();
+    let ns = nss.get("team").await.unwrap();
+    assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
+    assert_eq!(status_of(leases.get("l").await.unwrap_err()).0, 404);
+    assert!(
+        pods.get("a")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    let e = leases.create(&PostParams::default(), &l).await.unwrap_err();
+    let (code, _, msg) = status_of(e);
+    assert_eq!(code, 403);
+    assert!(msg.ends_with("because it is being terminated"), "{msg}");
+    api.finish_pod_deletion("team", "a").unwrap();
+    assert_eq!(status_of(nss.get("team").await.unwrap_err()).0, 404);
+}
