@@ -1,0 +1,2 @@
+//! podprobe-manager: the PodProbeMarker feature for clusters without OpenKruise.
+pub mod crd;
