@@ -1,2 +1,6 @@
 //! podprobe-manager: the PodProbeMarker feature for clusters without OpenKruise.
+pub mod annotate;
 pub mod crd;
+pub mod gojson;
+pub mod patch;
+pub mod selector;
