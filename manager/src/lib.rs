@@ -2,5 +2,6 @@
 pub mod annotate;
 pub mod crd;
 pub mod gojson;
+pub mod markers;
 pub mod patch;
 pub mod selector;
