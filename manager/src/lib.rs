@@ -5,3 +5,4 @@ pub mod gojson;
 pub mod markers;
 pub mod patch;
 pub mod selector;
+pub mod validate;
