@@ -1,7 +1,9 @@
 //! podprobe-manager: the PodProbeMarker feature for clusters without OpenKruise.
 pub mod annotate;
+pub mod config;
 pub mod crd;
 pub mod gojson;
+pub mod inject;
 pub mod markers;
 pub mod patch;
 pub mod selector;
