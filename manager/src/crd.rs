@@ -34,8 +34,9 @@ pub const STATE_FAILED: &str = "Failed";
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PodProbeMarkerSpec {
-    /// Selects the pods that run the probes. Required by the CRD; optional here so the
-    /// validating webhook can report a missing selector instead of failing to decode.
+    /// Label query over the pods that run the probes; immutable after creation.
+    // Required by the CRD schema; an Option here so the validating webhook can report a
+    // missing selector as a field error instead of failing to decode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
     /// The probes; each records its result as the pod condition `podConditionType`.
@@ -64,8 +65,8 @@ pub struct PodContainerProbe {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProbeMarkerPolicy {
-    /// `Succeeded` or `Failed`. A plain string, because the webhook must be able to decode and
-    /// then reject other values with a field error rather than a decode error.
+    /// Probe state the policy applies to: `Succeeded` or `Failed`.
+    // A plain string, so other values decode and are then refused with a field error.
     pub state: String,
     /// Labels to set on the pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
