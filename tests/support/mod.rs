@@ -58,7 +58,19 @@ impl Cluster {
     /// What the kubelet would write for a running pod: IP, phase, container statuses and its
     /// four conditions.
     pub fn kubelet_reports_running(&self, name: &str, container_id: &str) -> Pod {
-        let started = "2026-01-01T00:00:00Z";
+        let long_ago = jiff::Timestamp::from_second(1_767_225_600).unwrap();
+        self.kubelet_reports_started(name, container_id, long_ago)
+    }
+
+    /// As [`kubelet_reports_running`](Self::kubelet_reports_running), with container `main`
+    /// started at `started_at`.
+    pub fn kubelet_reports_started(
+        &self,
+        name: &str,
+        container_id: &str,
+        started_at: jiff::Timestamp,
+    ) -> Pod {
+        let started = podprobe::condition::kube_time(started_at);
         self.api
             .update_pod_status(NS, name, |status| {
                 *status = serde_json::from_value(json!({
@@ -98,7 +110,10 @@ impl Cluster {
     /// Starts `podprobe run` for pod `name` with `extra` flags; its log goes to a file in the
     /// test directory (printed by [`Sidecar::log`] when a test fails).
     pub fn sidecar(&self, name: &str, extra: &[&str]) -> Sidecar {
-        let log = self.dir.path().join(format!("{name}-{}.log", rand_suffix()));
+        let log = self
+            .dir
+            .path()
+            .join(format!("{name}-{}.log", rand_suffix()));
         let stderr = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_podprobe"))
             .args(["run", "--pod-name", name, "--pod-namespace", NS])
@@ -119,7 +134,12 @@ impl Cluster {
     pub async fn wait_pod(&self, name: &str, limit: Duration, check: impl Fn(&Pod) -> bool) -> Pod {
         let pods = self.pods();
         let cond = |pod: Option<&Pod>| pod.is_some_and(&check);
-        match tokio::time::timeout(limit, kube::runtime::wait::await_condition(pods.clone(), name, cond)).await {
+        match tokio::time::timeout(
+            limit,
+            kube::runtime::wait::await_condition(pods.clone(), name, cond),
+        )
+        .await
+        {
             Ok(Ok(Some(pod))) => pod,
             other => {
                 let now = pods.get(name).await.ok();
@@ -177,7 +197,11 @@ impl Drop for Sidecar {
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
-            eprintln!("---- podprobe log ({}) ----\n{}", self.log.display(), self.log());
+            eprintln!(
+                "---- podprobe log ({}) ----\n{}",
+                self.log.display(),
+                self.log()
+            );
         }
     }
 }
