@@ -313,3 +313,30 @@ fn help_explains_every_flag() {
     }
     assert!(help.contains("Exit codes"), "{help}");
 }
+
+#[test]
+fn the_by_hand_sidecar_example_is_a_valid_pod() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/sidecar-by-hand.yaml"
+    ))
+    .unwrap();
+    let pod_doc = text
+        .split("\n---\n")
+        .find(|doc| doc.contains("kind: Pod"))
+        .expect("a Pod document");
+    let (set, containers) = podprobe::check::load_str(pod_doc, "sidecar-by-hand.yaml").unwrap();
+    assert_eq!(set.probes[0].condition_type, "game.kruise.io/healthy");
+    assert!(containers.ports.contains_key("game"));
+    // The sidecar is a restartable init container with the downward-API identity.
+    let pod: k8s_openapi::api::core::v1::Pod = serde_saphyr::from_str(pod_doc).unwrap();
+    let sidecar = &pod.spec.unwrap().init_containers.unwrap()[0];
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    let env: Vec<_> = sidecar
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(env, ["POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP"]);
+}
