@@ -1,0 +1,210 @@
+//! Footprint of the real podprobe binary with 10 probes (4 exec, 3 tcp, 3 http, period 1 s):
+//! RSS and CPU in `check` mode (no cluster) and in `run` mode against testkit, and apiserver
+//! writes per transition and per hour at steady state.
+//!
+//!     cargo build --release && cargo run --release --example bench_sidecar
+//!
+//! A program that prints figures, not a test.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+const STEADY: Duration = Duration::from_secs(20);
+
+fn binary() -> PathBuf {
+    // target/release/examples/bench_sidecar -> target/release/podprobe
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
+    let bin = dir.join("podprobe");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release` first",
+        bin.display()
+    );
+    bin
+}
+
+/// (VmRSS KiB, VmHWM KiB) of a process.
+fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// utime + stime of a process, in clock ticks (100 Hz on Linux).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // fields[0] is state (field 3); utime is field 14, stime field 15, cutime 16, cstime 17.
+    let get = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    get(14) + get(15) + get(16) + get(17)
+}
+
+fn annotation(flag_dir: &std::path::Path, tcp: u16, http: u16) -> String {
+    let mut entries = Vec::new();
+    for i in 0..4 {
+        let flag = flag_dir.join(format!("flag-{i}"));
+        std::fs::write(&flag, "up").unwrap();
+        entries.push(json!({"name": format!("exec-{i}"), "containerName": "main",
+            "probe": {"exec": {"command": ["sh", "-c", format!("cat {}", flag.display())]}, "periodSeconds": 1},
+            "podConditionType": format!("bench/exec-{i}")}));
+    }
+    for i in 0..3 {
+        entries.push(json!({"name": format!("tcp-{i}"), "containerName": "main",
+            "probe": {"tcpSocket": {"port": tcp}, "periodSeconds": 1},
+            "podConditionType": format!("bench/tcp-{i}")}));
+        entries.push(json!({"name": format!("http-{i}"), "containerName": "main",
+            "probe": {"httpGet": {"path": "/healthz", "port": http}, "periodSeconds": 1},
+            "podConditionType": format!("bench/http-{i}")}));
+    }
+    serde_json::to_string(&entries).unwrap()
+}
+
+struct Measured {
+    rss_kib: u64,
+    hwm_kib: u64,
+    cpu_ms_per_s: f64,
+}
+
+fn measure(child: &Child, window: Duration) -> Measured {
+    let pid = child.id();
+    let t0 = cpu_ticks(pid);
+    let start = Instant::now();
+    std::thread::sleep(window);
+    let cpu_ms = (cpu_ticks(pid) - t0) as f64 * 10.0;
+    let (rss, hwm) = memory(pid);
+    Measured {
+        rss_kib: rss,
+        hwm_kib: hwm,
+        cpu_ms_per_s: cpu_ms / start.elapsed().as_secs_f64(),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let bin = binary();
+    let dir = tempfile::tempdir().unwrap();
+    let tcp = podprobe::demo::GamePort::open(0).await.unwrap();
+    let http = podprobe::demo::serve_health(Arc::new(AtomicBool::new(true)))
+        .await
+        .unwrap();
+    let value = annotation(dir.path(), tcp.addr.port(), http.port());
+
+    // Baseline: the same binary doing nothing but waiting (check of an empty-ish set is not
+    // possible, so `podprobe run` before it has a client: it sleeps in its retry loop).
+    let mut idle = Command::new(&bin)
+        .args(["run", "--pod-name", "x", "--pod-namespace", "y"])
+        .env("KUBECONFIG", dir.path().join("missing"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let baseline = measure(&idle, Duration::from_secs(3));
+    let _ = idle.kill();
+    let _ = idle.wait();
+
+    // check mode: 10 probes, no cluster.
+    let file = dir.path().join("probes.json");
+    std::fs::write(&file, &value).unwrap();
+    let mut check = Command::new(&bin)
+        .args(["check", file.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    let checked = measure(&check, Duration::from_secs(10));
+    let _ = check.kill();
+    let _ = check.wait();
+
+    // run mode against testkit.
+    let api = testkit::ApiServer::start().await.unwrap();
+    api.create_namespace("bench").unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig).unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "bench", "namespace": "bench", "annotations": {"kruise.io/podprobe": value}},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
+    }))
+    .unwrap();
+    api.create(&pod).unwrap();
+    api.update_pod_status("bench", "bench", |s| {
+        *s = serde_json::from_value(json!({"phase": "Running", "podIP": "127.0.0.1",
+            "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                "containerID": "containerd://1", "started": true,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}))
+        .unwrap();
+    })
+    .unwrap();
+    let mut run = Command::new(&bin)
+        .args(["run", "--pod-name", "bench", "--pod-namespace", "bench", "--events=false"])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let settled = api
+        .journal()
+        .wait_for_count("PATCH", "pods/status", 1, Duration::from_secs(30))
+        .await;
+    assert!(settled, "the sidecar wrote nothing");
+    std::thread::sleep(Duration::from_secs(3));
+    let writes_start = api.journal().count("PATCH", "pods/status");
+    let steady = measure(&run, STEADY);
+    let writes_steady = api.journal().count("PATCH", "pods/status") - writes_start;
+
+    // One transition.
+    std::fs::remove_file(dir.path().join("flag-0")).unwrap();
+    let before = api.journal().count("PATCH", "pods/status");
+    api.journal()
+        .wait_for_count("PATCH", "pods/status", before + 1, Duration::from_secs(10))
+        .await;
+    std::thread::sleep(Duration::from_secs(3));
+    let per_transition = api.journal().count("PATCH", "pods/status") - before;
+    let _ = run.kill();
+    let _ = run.wait();
+
+    let per_hour = writes_steady as f64 * 3600.0 / STEADY.as_secs_f64();
+    println!("podprobe footprint, 10 probes (4 exec, 3 tcp, 3 http), period 1 s, release build\n");
+    println!("{:<34} {:>10} {:>10} {:>14}", "process", "RSS MiB", "peak MiB", "CPU ms/s");
+    for (name, m) in [
+        ("baseline: run, no cluster, idle", &baseline),
+        ("check (no cluster)", &checked),
+        ("run against testkit (steady)", &steady),
+    ] {
+        println!(
+            "{:<34} {:>10.2} {:>10.2} {:>14.2}",
+            name,
+            m.rss_kib as f64 / 1024.0,
+            m.hwm_kib as f64 / 1024.0,
+            m.cpu_ms_per_s
+        );
+    }
+    println!(
+        "\nrun RSS / idle baseline RSS: {:.2}x   (target: ≤ 8 MiB with 10 probes)",
+        steady.rss_kib as f64 / baseline.rss_kib.max(1) as f64
+    );
+    println!(
+        "CPU per probe attempt in run mode: {:.3} ms (10 attempts/s, exec children included)",
+        steady.cpu_ms_per_s / 10.0
+    );
+    println!("apiserver writes in {}s of steady state: {writes_steady} (→ {per_hour:.0} per hour; target 0)", STEADY.as_secs());
+    println!("apiserver writes for one transition: {per_transition} (target 1)");
+}
