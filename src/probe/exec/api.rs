@@ -86,13 +86,35 @@ impl ApiExec {
             .exec(&self.pod, action.command.clone(), &params)
             .await
             .map_err(classify)?;
-        let (stdout, stderr, status) = (process.stdout(), process.stderr(), process.take_status());
-        let (stdout, stderr) = tokio::join!(read_capped(stdout), read_capped(stderr));
-        let status = match status {
-            Some(status) => status.await,
-            None => None,
+        let (mut stdout, mut stderr) =
+            (Capped::new(process.stdout()), Capped::new(process.stderr()));
+        let Some(status) = process.take_status() else {
+            return Err(AttemptError::Other(
+                "the exec stream has no status channel".into(),
+            ));
         };
+        // Read both streams while waiting for the status. The status resolves to `None` when
+        // kube's WebSocket task ends without one; on that path the task may not shut the
+        // output pipes down (it only drops them), so EOF must not be waited for.
+        let mut status = std::pin::pin!(status);
+        let status = loop {
+            tokio::select! {
+                status = &mut status => break status,
+                () = stdout.read_some(), if stdout.open => {}
+                () = stderr.read_some(), if stderr.open => {}
+            }
+        };
+        if status.is_some() {
+            // After the status the task shuts both pipes down: take what is left up to EOF.
+            while stdout.open || stderr.open {
+                tokio::select! {
+                    () = stdout.read_some(), if stdout.open => {}
+                    () = stderr.read_some(), if stderr.open => {}
+                }
+            }
+        }
         drop(process);
+        let (stdout, stderr) = (stdout.text(), stderr.text());
         let Some(status) = status else {
             return Err(AttemptError::Other(format!(
                 "the exec stream of {:?} ended without an exit status",
@@ -117,23 +139,42 @@ impl ApiExec {
     }
 }
 
-/// Reads a stream to its end, keeping the first [`MAX_READ_BYTES`].
-async fn read_capped(stream: Option<impl AsyncRead + Unpin>) -> String {
-    let Some(mut stream) = stream else {
-        return String::new();
-    };
-    let mut kept = Vec::new();
-    let mut buf = vec![0; 16 * 1024];
-    loop {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
+/// One output stream: the first [`MAX_READ_BYTES`] are kept, the rest is read and discarded.
+struct Capped<R> {
+    stream: Option<R>,
+    kept: Vec<u8>,
+    buf: Vec<u8>,
+    open: bool,
+}
+
+impl<R: AsyncRead + Unpin> Capped<R> {
+    fn new(stream: Option<R>) -> Self {
+        Capped {
+            open: stream.is_some(),
+            stream,
+            kept: Vec::new(),
+            buf: vec![0; 16 * 1024],
+        }
+    }
+
+    /// Reads one chunk (cancel-safe).
+    async fn read_some(&mut self) {
+        let Some(stream) = self.stream.as_mut() else {
+            self.open = false;
+            return;
+        };
+        match stream.read(&mut self.buf).await {
+            Ok(0) | Err(_) => self.open = false,
             Ok(n) => {
-                let room = MAX_READ_BYTES.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
+                let room = MAX_READ_BYTES.saturating_sub(self.kept.len());
+                self.kept.extend_from_slice(&self.buf[..n.min(room)]);
             }
         }
     }
-    String::from_utf8_lossy(&kept).into_owned()
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.kept).into_owned()
+    }
 }
 
 fn classify(error: kube::Error) -> AttemptError {
