@@ -37,15 +37,16 @@ pub enum DemoError {
     Example(#[from] check::CheckError),
 }
 
-/// A TCP listener that can be closed and reopened on the same port.
+/// A TCP listener that can be closed and reopened on the same port (a demo and test target).
 #[derive(Debug)]
-struct GamePort {
-    addr: SocketAddr,
+pub struct GamePort {
+    pub addr: SocketAddr,
     task: Option<JoinHandle<()>>,
 }
 
 impl GamePort {
-    async fn open(port: u16) -> std::io::Result<Self> {
+    /// Listens on 127.0.0.1:`port` (0 = any free port).
+    pub async fn open(port: u16) -> std::io::Result<Self> {
         let socket = TcpSocket::new_v4()?;
         socket.set_reuseaddr(true)?;
         socket.bind(SocketAddr::from(([127, 0, 0, 1], port)))?;
@@ -62,15 +63,16 @@ impl GamePort {
         })
     }
 
-    fn close(&mut self) {
+    pub fn close(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
         }
     }
 }
 
-/// An HTTP `/healthz` that answers 200 or 503.
-async fn serve_health(healthy: Arc<AtomicBool>) -> std::io::Result<SocketAddr> {
+/// An HTTP `/healthz` on 127.0.0.1 that answers 200 or 503 as `healthy` says (a demo and test
+/// target).
+pub async fn serve_health(healthy: Arc<AtomicBool>) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {

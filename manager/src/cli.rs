@@ -1,0 +1,424 @@
+//! The `podprobe-manager` command line: offline commands built on the pure core. `main.rs`
+//! only parses and prints; everything here returns text so it can be tested.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use k8s_openapi::api::core::v1::Pod;
+use serde::Serialize;
+
+use crate::config::{ConfigError, InjectionConfig};
+use crate::crd::PodProbeMarker;
+use crate::manifest::{self, ManifestError};
+use crate::patch::PatchError;
+use crate::validate::{ValidationErrors, validate};
+use crate::{annotate, inject, markers};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "podprobe-manager",
+    version,
+    about = "PodProbeMarker for clusters without OpenKruise: CRD, pod annotations, markers, sidecar injection"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the PodProbeMarker CustomResourceDefinition (apps.kruise.io/v1alpha1) as YAML.
+    Crd,
+    /// Show a pod as the pod webhook would admit it: the kruise.io/podprobe and
+    /// kruise.io/podprobemarker-list annotations and, with --config, the injected sidecar.
+    Render(RenderArgs),
+    /// Show the label/annotation patch the markers controller would send for the pod's current
+    /// conditions (status.conditions in the pod file).
+    CheckMarkers(CheckMarkersArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct InputArgs {
+    /// File with one or more PodProbeMarkers (multi-document YAML or a `kind: List`); repeat
+    /// the flag for several files. Markers in another namespace than the pod's are ignored.
+    #[arg(long = "marker", short = 'm', value_name = "FILE", required = true)]
+    pub markers: Vec<PathBuf>,
+    /// File with exactly one Pod (YAML or JSON).
+    #[arg(long, short = 'p', value_name = "FILE")]
+    pub pod: PathBuf,
+    /// Output format.
+    #[arg(long = "output", short = 'o', value_enum, default_value_t = Output::Yaml)]
+    pub output: Output,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RenderArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Sidecar injection config (YAML); without it no sidecar is injected.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// A label of the pod's namespace, KEY=VALUE, for the injection opt-in; repeatable.
+    #[arg(long = "namespace-label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub namespace_labels: Vec<(String, String)>,
+    /// Assume the cluster runs native sidecars (Kubernetes >= 1.29) when the config says
+    /// `nativeSidecar: auto`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub native_sidecars: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckMarkersArgs {
+    #[command(flatten)]
+    pub input: InputArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Yaml,
+    Json,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{path}: PodProbeMarker {name}: {errors}")]
+    Invalid {
+        path: String,
+        name: String,
+        errors: ValidationErrors,
+    },
+    #[error("internal error: {0}")]
+    Patch(#[from] PatchError),
+    #[error("internal error: cannot serialize output: {0}")]
+    Output(String),
+}
+
+impl CliError {
+    /// 2 for input the user can fix, 1 for bugs.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Patch(_) | CliError::Output(_) => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// What a command printed: `stdout` is the result, `notes` go to stderr.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Printed {
+    pub stdout: String,
+    pub notes: Vec<String>,
+}
+
+pub fn run(command: &Command) -> Result<Printed, CliError> {
+    match command {
+        Command::Crd => Ok(Printed {
+            stdout: format(&crate::crd::crd(), Output::Yaml)?,
+            notes: vec![],
+        }),
+        Command::Render(args) => render(args),
+        Command::CheckMarkers(args) => check_markers(args),
+    }
+}
+
+fn format<T: Serialize>(value: &T, output: Output) -> Result<String, CliError> {
+    match output {
+        Output::Yaml => serde_saphyr::to_string(value).map_err(|e| CliError::Output(e.to_string())),
+        Output::Json => serde_json::to_string_pretty(value)
+            .map(|s| s + "\n")
+            .map_err(|e| CliError::Output(e.to_string())),
+    }
+}
+
+/// The pod and the validated markers of its namespace.
+fn load(input: &InputArgs) -> Result<(Pod, Vec<PodProbeMarker>), CliError> {
+    let pod = manifest::load_pod(&input.pod)?;
+    let pod_ns = pod.metadata.namespace.as_deref();
+    let mut ppms = Vec::new();
+    for path in &input.markers {
+        for ppm in manifest::load_markers(path)? {
+            validate(&ppm, None).map_err(|errors| CliError::Invalid {
+                path: path.display().to_string(),
+                name: ppm.metadata.name.clone().unwrap_or_default(),
+                errors,
+            })?;
+            let ppm_ns = ppm.metadata.namespace.as_deref();
+            if pod_ns.is_none() || ppm_ns.is_none() || pod_ns == ppm_ns {
+                ppms.push(ppm);
+            }
+        }
+    }
+    Ok((pod, ppms))
+}
+
+fn render(args: &RenderArgs) -> Result<Printed, CliError> {
+    let config = args
+        .config
+        .as_deref()
+        .map(InjectionConfig::from_file)
+        .transpose()?;
+    let (pod, ppms) = load(&args.input)?;
+    let mut notes = Vec::new();
+    let annotations = annotate::compute(&pod, &ppms);
+    let mut ops = match &annotations {
+        Some(a) => annotate::patch_ops(&pod, a),
+        None => {
+            notes.push("no probe accepted (no matching marker, podConditionType or container): annotations left unchanged".into());
+            vec![]
+        }
+    };
+    if let Some(config) = &config {
+        let condition_types: Vec<String> = annotations
+            .as_ref()
+            .and_then(|a| {
+                serde_json::from_str::<Vec<podprobe::annotation::PodContainerProbe>>(&a.probes).ok()
+            })
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| p.pod_condition_type)
+            .collect();
+        let namespace_labels: BTreeMap<String, String> =
+            args.namespace_labels.iter().cloned().collect();
+        let ctx = inject::InjectContext {
+            namespace_labels: Some(&namespace_labels),
+            native_sidecars_supported: args.native_sidecars,
+            probe_condition_types: &condition_types,
+        };
+        let injected = inject::inject_ops(&pod, config, &ctx);
+        if injected.is_empty() {
+            notes.push(format!(
+                "sidecar not injected: the pod is not opted in (label {}=enabled on the pod or, via --namespace-label, its namespace) or already has container {:?}",
+                config.inject_label, config.container_name
+            ));
+        }
+        ops.extend(injected);
+    }
+    let mut doc = serde_json::to_value(&pod).map_err(|e| CliError::Output(e.to_string()))?;
+    crate::patch::apply(&mut doc, &ops)?;
+    Ok(Printed {
+        stdout: format(&doc, args.input.output)?,
+        notes,
+    })
+}
+
+fn check_markers(args: &CheckMarkersArgs) -> Result<Printed, CliError> {
+    let (pod, ppms) = load(&args.input)?;
+    const NO_CHANGES: &str =
+        "no changes: the pod's labels and annotations already match its probe conditions";
+    Ok(match markers::marker_patch(&pod, &ppms) {
+        Some(patch) => Printed {
+            stdout: format(&patch, args.input.output)?,
+            notes: vec![],
+        },
+        None => match args.input.output {
+            // A comment is a valid (empty) YAML document, so scripts can still parse stdout.
+            Output::Yaml => Printed {
+                stdout: format!("# {NO_CHANGES}\n"),
+                notes: vec![],
+            },
+            Output::Json => Printed {
+                stdout: "null\n".into(),
+                notes: vec![NO_CHANGES.into()],
+            },
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+        f
+    }
+
+    const PPM: &str = r#"
+apiVersion: apps.kruise.io/v1alpha1
+kind: PodProbeMarker
+metadata: {name: ppm-test, namespace: test}
+spec:
+  selector: {matchLabels: {app: test}}
+  probes:
+  - name: healthy
+    containerName: main
+    probe:
+      exec: {command: ["/bin/sh", "-c", "/healthy.sh"]}
+      initialDelaySeconds: 10
+      timeoutSeconds: 3
+      periodSeconds: 10
+      successThreshold: 1
+      failureThreshold: 3
+    podConditionType: game.kruise.io/healthy
+    markerPolicy:
+    - {state: Succeeded, labels: {server-healthy: "true"}}
+    - {state: Failed, labels: {server-healthy: "false"}}
+"#;
+
+    const POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: test, labels: {app: test, server-healthy: "true"}, annotations: {keep: me}}
+spec:
+  containers: [{name: main, image: busybox}]
+status:
+  conditions: [{type: game.kruise.io/healthy, status: "False"}]
+"#;
+
+    fn parse(args: &[&str]) -> Command {
+        Cli::try_parse_from(std::iter::once("podprobe-manager").chain(args.iter().copied()))
+            .unwrap()
+            .command
+    }
+
+    #[test]
+    fn crd_prints_yaml() {
+        let out = run(&parse(&["crd"])).unwrap().stdout;
+        assert!(
+            out.contains("name: podprobemarkers.apps.kruise.io"),
+            "{out}"
+        );
+        assert!(out.contains("x-kubernetes-int-or-string: true"));
+    }
+
+    #[test]
+    fn render_writes_tv03_annotation_and_injects_on_request() {
+        let (ppm, pod) = (file(PPM), file(POD));
+        let (m, p) = (ppm.path().to_str().unwrap(), pod.path().to_str().unwrap());
+        let out = run(&parse(&["render", "--marker", m, "--pod", p, "-o", "json"])).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let annotations = &doc["metadata"]["annotations"];
+        assert_eq!(annotations["keep"], "me");
+        assert_eq!(annotations["kruise.io/podprobemarker-list"], "ppm-test");
+        assert_eq!(
+            annotations["kruise.io/podprobe"],
+            r#"[{"name":"healthy","containerName":"main","probe":{"exec":{"command":["/bin/sh","-c","/healthy.sh"]},"initialDelaySeconds":10,"timeoutSeconds":3,"periodSeconds":10,"successThreshold":1,"failureThreshold":3},"podConditionType":"game.kruise.io/healthy"}]"#
+        );
+        assert!(doc["spec"].get("initContainers").is_none());
+
+        let cfg = file("image: podprobe:dev\nreadinessGates: ['*']\n");
+        let c = cfg.path().to_str().unwrap();
+        let args = [
+            "render",
+            "-m",
+            m,
+            "-p",
+            p,
+            "--config",
+            c,
+            "--namespace-label",
+            "podprobe.io/inject=enabled",
+        ];
+        let out = run(&parse(&args)).unwrap();
+        let pod: Pod = serde_saphyr::from_str(&out.stdout).unwrap();
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.init_containers.unwrap()[0].name, "podprobe");
+        assert_eq!(
+            spec.readiness_gates.unwrap()[0].condition_type,
+            "game.kruise.io/healthy"
+        );
+        assert!(out.notes.is_empty(), "{:?}", out.notes);
+
+        let out = run(&parse(&["render", "-m", m, "-p", p, "--config", c])).unwrap();
+        assert!(out.notes[0].contains("not injected"), "{:?}", out.notes);
+    }
+
+    #[test]
+    fn check_markers_prints_removal_patch_or_no_changes() {
+        let (ppm, pod) = (file(PPM), file(POD));
+        let (m, p) = (ppm.path().to_str().unwrap(), pod.path().to_str().unwrap());
+        let out = run(&parse(&["check-markers", "-m", m, "-p", p, "-o", "json"])).unwrap();
+        let patch: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(
+            patch,
+            serde_json::json!({"metadata": {"labels": {"server-healthy": "false"}}})
+        );
+        let marked = file(&POD.replace(r#"server-healthy: "true""#, r#"server-healthy: "false""#));
+        let out = run(&parse(&[
+            "check-markers",
+            "-m",
+            m,
+            "-p",
+            marked.path().to_str().unwrap(),
+        ]))
+        .unwrap();
+        assert!(out.stdout.starts_with("# no changes"), "{}", out.stdout);
+    }
+
+    #[test]
+    fn markers_of_other_namespaces_are_ignored() {
+        let ppm = file(&PPM.replace("namespace: test", "namespace: other"));
+        let pod = file(POD);
+        let args = [
+            "check-markers",
+            "-m",
+            ppm.path().to_str().unwrap(),
+            "-p",
+            pod.path().to_str().unwrap(),
+        ];
+        assert!(
+            run(&parse(&args))
+                .unwrap()
+                .stdout
+                .starts_with("# no changes")
+        );
+    }
+
+    #[test]
+    fn bad_input_is_exit_2_with_file_and_field() {
+        let ppm = file(
+            &PPM.replace("port", "x")
+                .replace("containerName: main", "containerName: main\n    probe2: 1")
+                .replace(
+                    "exec: {command: [\"/bin/sh\", \"-c\", \"/healthy.sh\"]}",
+                    "httpGet: {path: /, port: 70000, scheme: HTTP}",
+                ),
+        );
+        let pod = file(POD);
+        let path = ppm.path().to_str().unwrap().to_owned();
+        let args = ["render", "-m", &path, "-p", pod.path().to_str().unwrap()];
+        let err = run(&parse(&args)).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let msg = err.to_string();
+        assert!(msg.starts_with(&path), "{msg}");
+        assert!(msg.contains("spec.probes[0].probe.httpGet.port"), "{msg}");
+
+        let missing = [
+            "render",
+            "-m",
+            "/nonexistent.yaml",
+            "-p",
+            "/nonexistent-pod.yaml",
+        ];
+        let err = run(&parse(&missing)).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("/nonexistent-pod.yaml"), "{err}");
+    }
+
+    #[test]
+    fn help_documents_every_flag() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        for sub in ["render", "check-markers"] {
+            let sub = cmd.find_subcommand_mut(sub).unwrap();
+            for arg in sub.get_arguments() {
+                if arg.get_id() != "help" {
+                    assert!(arg.get_help().is_some(), "{} lacks help", arg.get_id());
+                }
+            }
+        }
+    }
+}

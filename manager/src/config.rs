@@ -1,0 +1,248 @@
+//! Sidecar injection settings, loaded from a YAML file.
+//!
+//! Every field but `image` has a default that is safe under Pod Security "restricted", so the
+//! smallest useful file is `image: ghcr.io/podprobe/podprobe:v0.1.0`. Unknown keys are errors:
+//! a misspelt `readinesGates` silently ignored would be worse than a refused start.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use k8s_openapi::api::core::v1::{Capabilities, ResourceRequirements, SecurityContext};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Serialize};
+
+/// Opt-in label: a pod is injected when its namespace or the pod itself carries it with the
+/// value `enabled`; a pod may opt out with the value `disabled` even in an opted-in namespace.
+pub const DEFAULT_INJECT_LABEL: &str = "podprobe.io/inject";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InjectionConfig {
+    /// Sidecar image (required).
+    pub image: String,
+    #[serde(default = "default_container_name")]
+    pub container_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    /// Arguments of the sidecar binary.
+    #[serde(default = "default_args")]
+    pub args: Vec<String>,
+    #[serde(default = "default_resources")]
+    pub resources: ResourceRequirements,
+    #[serde(default = "default_security_context")]
+    pub security_context: SecurityContext,
+    /// Label key used for opt-in on namespaces and pods.
+    #[serde(default = "default_inject_label")]
+    pub inject_label: String,
+    /// Run the sidecar as a native sidecar (restartable init container).
+    #[serde(default)]
+    pub native_sidecar: NativeSidecar,
+    /// Where the downward-API annotations file is mounted in the sidecar.
+    #[serde(default = "default_podinfo_path")]
+    pub podinfo_mount_path: String,
+    #[serde(default = "default_podinfo_volume")]
+    pub podinfo_volume_name: String,
+    /// Condition types to add as pod readinessGates, when the pod runs a probe writing them;
+    /// `"*"` means every probe condition of the pod. Empty: no gates.
+    #[serde(default)]
+    pub readiness_gates: Vec<String>,
+    /// Set `shareProcessNamespace: true`, which the sidecar's `procfs` exec mode needs.
+    #[serde(default)]
+    pub share_process_namespace: bool,
+}
+
+/// When to use a restartable init container instead of an ordinary container.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NativeSidecar {
+    /// When the cluster supports it (Kubernetes ≥ 1.29, where SidecarContainers is on by default).
+    #[default]
+    Auto,
+    Always,
+    Never,
+}
+
+impl NativeSidecar {
+    pub fn enabled(self, cluster_supports: bool) -> bool {
+        match self {
+            NativeSidecar::Auto => cluster_supports,
+            NativeSidecar::Always => true,
+            NativeSidecar::Never => false,
+        }
+    }
+}
+
+/// Whether an apiserver reporting `major.minor` (from `/version`, where minor may carry a
+/// `+` suffix on managed clusters) runs native sidecars by default.
+pub fn supports_native_sidecars(major: &str, minor: &str) -> bool {
+    let num = |s: &str| {
+        s.trim_end_matches(|c: char| !c.is_ascii_digit())
+            .parse::<u32>()
+            .ok()
+    };
+    matches!((num(major), num(minor)), (Some(1), Some(m)) if m >= 29)
+        || num(major).is_some_and(|m| m > 1)
+}
+
+fn default_container_name() -> String {
+    "podprobe".into()
+}
+fn default_args() -> Vec<String> {
+    vec!["run".into()]
+}
+fn default_inject_label() -> String {
+    DEFAULT_INJECT_LABEL.into()
+}
+fn default_podinfo_path() -> String {
+    "/etc/podinfo".into()
+}
+fn default_podinfo_volume() -> String {
+    "podprobe-podinfo".into()
+}
+
+fn default_resources() -> ResourceRequirements {
+    let q = |s: &str| Quantity(s.into());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".into(), q("10m")),
+            ("memory".into(), q("16Mi")),
+        ])),
+        limits: Some(BTreeMap::from([("memory".into(), q("64Mi"))])),
+        ..Default::default()
+    }
+}
+
+fn default_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        ..Default::default()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read injection config {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("injection config {path} is not valid YAML: {message}")]
+    Yaml { path: String, message: String },
+    #[error("injection config {path}: field `{field}`: {message}")]
+    Field {
+        path: String,
+        field: String,
+        message: String,
+    },
+    #[error("injection config {path}: `image` must not be empty")]
+    NoImage { path: String },
+}
+
+impl InjectionConfig {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// `origin` names the source in errors.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Yaml {
+                path: origin.into(),
+                message: e.to_string(),
+            })?;
+        let config: Self =
+            serde_path_to_error::deserialize(value).map_err(|e| ConfigError::Field {
+                path: origin.into(),
+                field: e.path().to_string(),
+                message: e.inner().to_string(),
+            })?;
+        if config.image.trim().is_empty() {
+            return Err(ConfigError::NoImage {
+                path: origin.into(),
+            });
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_file_gets_restricted_defaults() {
+        let c = InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap();
+        assert_eq!(c.container_name, "podprobe");
+        assert_eq!(c.native_sidecar, NativeSidecar::Auto);
+        assert_eq!(c.podinfo_mount_path, "/etc/podinfo");
+        let sc = &c.security_context;
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert!(c.readiness_gates.is_empty());
+    }
+
+    #[test]
+    fn full_file_overrides_defaults() {
+        let yaml = r#"
+image: reg/podprobe:v1
+imagePullPolicy: IfNotPresent
+nativeSidecar: never
+readinessGates: ["game.kruise.io/healthy"]
+shareProcessNamespace: true
+resources: {requests: {cpu: 50m}}
+securityContext: {runAsUser: 1000, capabilities: {add: [SYS_CHROOT], drop: [ALL]}}
+"#;
+        let c = InjectionConfig::from_yaml(yaml, "t").unwrap();
+        assert_eq!(c.native_sidecar, NativeSidecar::Never);
+        assert_eq!(c.readiness_gates, ["game.kruise.io/healthy"]);
+        assert!(c.share_process_namespace);
+        assert_eq!(c.resources.requests.unwrap()["cpu"].0, "50m");
+        assert_eq!(c.security_context.run_as_user, Some(1000));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e =
+            InjectionConfig::from_yaml("image: x\nreadinesGates: [a]\n", "cfg.yaml").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("cfg.yaml") && msg.contains("readinesGates"),
+            "{msg}"
+        );
+        let e =
+            InjectionConfig::from_yaml("image: x\nnativeSidecar: maybe\n", "cfg.yaml").unwrap_err();
+        assert!(e.to_string().contains("nativeSidecar"), "{e}");
+        assert!(matches!(
+            InjectionConfig::from_yaml("image: ''\n", "c"),
+            Err(ConfigError::NoImage { .. })
+        ));
+        assert!(matches!(
+            InjectionConfig::from_yaml("args: [x]\n", "c"),
+            Err(ConfigError::Field { .. })
+        ));
+    }
+
+    #[test]
+    fn native_sidecar_support_by_version() {
+        assert!(supports_native_sidecars("1", "29"));
+        assert!(supports_native_sidecars("1", "33+"));
+        assert!(!supports_native_sidecars("1", "28"));
+        assert!(!supports_native_sidecars("x", "y"));
+        assert!(NativeSidecar::Auto.enabled(true));
+        assert!(!NativeSidecar::Auto.enabled(false));
+        assert!(NativeSidecar::Always.enabled(false));
+        assert!(!NativeSidecar::Never.enabled(true));
+    }
+}

@@ -1,0 +1,388 @@
+//! Sidecar injection: the JSON patch ops that add the podprobe sidecar, its downward-API
+//! volume and optional readiness gates to a pod at admission.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource,
+    ObjectFieldSelector, Pod, PodReadinessGate, Volume, VolumeMount,
+};
+use serde_json::Value;
+
+use crate::config::InjectionConfig;
+use crate::patch::PatchOp;
+
+/// What the webhook knows beyond the pod and the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct InjectContext<'a> {
+    /// Labels of the pod's namespace (opt-in).
+    pub namespace_labels: Option<&'a BTreeMap<String, String>>,
+    /// The apiserver runs restartable init containers.
+    pub native_sidecars_supported: bool,
+    /// Condition types of the probes written into the pod's `kruise.io/podprobe`.
+    pub probe_condition_types: &'a [String],
+}
+
+/// Whether the pod opted in: pod label `enabled`, or namespace label `enabled` without a pod
+/// label `disabled`.
+pub fn opted_in(
+    pod: &Pod,
+    config: &InjectionConfig,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+) -> bool {
+    match label_value(pod.metadata.labels.as_ref(), &config.inject_label) {
+        Some("enabled") => true,
+        Some("disabled") => false,
+        _ => label_value(namespace_labels, &config.inject_label) == Some("enabled"),
+    }
+}
+
+fn label_value<'a>(labels: Option<&'a BTreeMap<String, String>>, key: &str) -> Option<&'a str> {
+    labels.and_then(|l| l.get(key)).map(String::as_str)
+}
+
+/// The sidecar container, independent of where it goes.
+pub fn sidecar_container(config: &InjectionConfig, native: bool) -> Container {
+    let field_env = |name: &str, path: &str| EnvVar {
+        name: name.into(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.into(),
+            }),
+            ..Default::default()
+        }),
+    };
+    Container {
+        name: config.container_name.clone(),
+        image: Some(config.image.clone()),
+        image_pull_policy: config.image_pull_policy.clone(),
+        args: (!config.args.is_empty()).then(|| config.args.clone()),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_UID", "metadata.uid"),
+            field_env("POD_IP", "status.podIP"),
+        ]),
+        resources: Some(config.resources.clone()),
+        security_context: Some(config.security_context.clone()),
+        volume_mounts: Some(vec![VolumeMount {
+            name: config.podinfo_volume_name.clone(),
+            mount_path: config.podinfo_mount_path.clone(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        restart_policy: native.then(|| "Always".into()),
+        ..Default::default()
+    }
+}
+
+fn podinfo_volume(config: &InjectionConfig) -> Volume {
+    Volume {
+        name: config.podinfo_volume_name.clone(),
+        downward_api: Some(DownwardAPIVolumeSource {
+            items: Some(vec![DownwardAPIVolumeFile {
+                path: "annotations".into(),
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: None,
+                    field_path: "metadata.annotations".into(),
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Append `value` to the array at `path`, creating the array when the pod has none (a `/-`
+/// pointer into a missing array fails).
+fn append(ops: &mut Vec<PatchOp>, path: &str, exists: bool, value: Value) {
+    ops.push(if exists {
+        PatchOp::Add {
+            path: format!("{path}/-"),
+            value,
+        }
+    } else {
+        PatchOp::Add {
+            path: path.into(),
+            value: Value::Array(vec![value]),
+        }
+    });
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+/// JSON patch ops injecting the sidecar; empty when the pod did not opt in or already has a
+/// container of that name (admission reinvocation, or a hand-written sidecar).
+pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) -> Vec<PatchOp> {
+    let Some(spec) = &pod.spec else {
+        return vec![];
+    };
+    if !opted_in(pod, config, ctx.namespace_labels) {
+        return vec![];
+    }
+    let name = config.container_name.as_str();
+    let present = spec.containers.iter().any(|c| c.name == name)
+        || spec
+            .init_containers
+            .iter()
+            .flatten()
+            .any(|c| c.name == name);
+    if present {
+        return vec![];
+    }
+    let native = config.native_sidecar.enabled(ctx.native_sidecars_supported);
+    let mut ops = Vec::new();
+    let container = json(&sidecar_container(config, native));
+    if native {
+        // Appended, so ordinary init containers are not delayed and the sidecar is up before
+        // the app containers start.
+        append(
+            &mut ops,
+            "/spec/initContainers",
+            spec.init_containers.is_some(),
+            container,
+        );
+    } else {
+        ops.push(PatchOp::Add {
+            path: "/spec/containers/-".into(),
+            value: container,
+        });
+    }
+    if !spec
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.name == config.podinfo_volume_name)
+    {
+        append(
+            &mut ops,
+            "/spec/volumes",
+            spec.volumes.is_some(),
+            json(&podinfo_volume(config)),
+        );
+    }
+    let existing: Vec<&str> = spec
+        .readiness_gates
+        .iter()
+        .flatten()
+        .map(|g| g.condition_type.as_str())
+        .collect();
+    let mut gates_exist = spec.readiness_gates.is_some();
+    let all = config.readiness_gates.iter().any(|g| g == "*");
+    for condition in ctx.probe_condition_types {
+        let chosen = all || config.readiness_gates.contains(condition);
+        if chosen && !existing.contains(&condition.as_str()) {
+            let gate = PodReadinessGate {
+                condition_type: condition.clone(),
+            };
+            append(&mut ops, "/spec/readinessGates", gates_exist, json(&gate));
+            gates_exist = true;
+        }
+    }
+    if config.share_process_namespace && spec.share_process_namespace != Some(true) {
+        ops.push(PatchOp::Add {
+            path: "/spec/shareProcessNamespace".into(),
+            value: Value::Bool(true),
+        });
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NativeSidecar;
+    use crate::selector::tests::labels;
+    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn config() -> InjectionConfig {
+        InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap()
+    }
+
+    fn pod(pod_labels: &[(&str, &str)]) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("p".into()),
+                labels: Some(labels(pod_labels)),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "main".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn applied(pod: &Pod, ops: &[PatchOp]) -> Pod {
+        let mut doc = serde_json::to_value(pod).unwrap();
+        crate::patch::apply(&mut doc, ops).unwrap();
+        serde_json::from_value(doc).unwrap()
+    }
+
+    const ENABLED: &[(&str, &str)] = &[("podprobe.io/inject", "enabled")];
+
+    #[test]
+    fn opt_in_by_pod_or_namespace_and_opt_out_by_pod() {
+        let c = config();
+        let ns = labels(ENABLED);
+        assert!(opted_in(&pod(ENABLED), &c, None));
+        assert!(!opted_in(&pod(&[]), &c, None));
+        assert!(opted_in(&pod(&[]), &c, Some(&ns)));
+        assert!(!opted_in(
+            &pod(&[("podprobe.io/inject", "disabled")]),
+            &c,
+            Some(&ns)
+        ));
+        let ctx = InjectContext::default();
+        assert!(inject_ops(&pod(&[]), &c, &ctx).is_empty());
+    }
+
+    #[test]
+    fn native_sidecar_with_env_volume_and_security_context() {
+        let ctx = InjectContext {
+            native_sidecars_supported: true,
+            ..Default::default()
+        };
+        let p = pod(ENABLED);
+        let out = applied(&p, &inject_ops(&p, &config(), &ctx));
+        let spec = out.spec.unwrap();
+        assert_eq!(spec.containers.len(), 1);
+        let sidecar = &spec.init_containers.unwrap()[0];
+        assert_eq!(sidecar.name, "podprobe");
+        assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+        let env: Vec<(&str, &str)> = sidecar
+            .env
+            .iter()
+            .flatten()
+            .map(|e| {
+                let path = e.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+                (e.name.as_str(), path.field_path.as_str())
+            })
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("POD_NAME", "metadata.name"),
+                ("POD_NAMESPACE", "metadata.namespace"),
+                ("POD_UID", "metadata.uid"),
+                ("POD_IP", "status.podIP")
+            ]
+        );
+        let mount = &sidecar.volume_mounts.as_ref().unwrap()[0];
+        assert_eq!(
+            (mount.mount_path.as_str(), mount.read_only),
+            ("/etc/podinfo", Some(true))
+        );
+        let volume = &spec.volumes.unwrap()[0];
+        assert_eq!(volume.name, mount.name);
+        let item = &volume
+            .downward_api
+            .as_ref()
+            .unwrap()
+            .items
+            .as_ref()
+            .unwrap()[0];
+        assert_eq!(
+            (
+                item.path.as_str(),
+                item.field_ref.as_ref().unwrap().field_path.as_str()
+            ),
+            ("annotations", "metadata.annotations")
+        );
+        assert_eq!(
+            sidecar.security_context.as_ref().unwrap().run_as_non_root,
+            Some(true)
+        );
+        assert!(spec.readiness_gates.is_none());
+    }
+
+    #[test]
+    fn plain_container_when_cluster_lacks_native_sidecars_and_appends_to_existing_arrays() {
+        let mut p = pod(ENABLED);
+        let spec = p.spec.as_mut().unwrap();
+        spec.init_containers = Some(vec![Container {
+            name: "init".into(),
+            ..Default::default()
+        }]);
+        spec.volumes = Some(vec![Volume {
+            name: "data".into(),
+            ..Default::default()
+        }]);
+        let ctx = InjectContext::default();
+        let out = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        assert_eq!(out.containers[1].name, "podprobe");
+        assert_eq!(out.containers[1].restart_policy, None);
+        assert_eq!(out.init_containers.unwrap().len(), 1);
+        let volumes: Vec<String> = out.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(volumes, ["data", "podprobe-podinfo"]);
+
+        let mut c = config();
+        c.native_sidecar = NativeSidecar::Always;
+        let out = applied(&p, &inject_ops(&p, &c, &ctx)).spec.unwrap();
+        let inits: Vec<String> = out
+            .init_containers
+            .unwrap()
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(inits, ["init", "podprobe"]);
+    }
+
+    #[test]
+    fn readiness_gates_only_for_chosen_conditions_the_pod_probes() {
+        let types = vec!["game.io/healthy".to_string(), "game.io/idle".to_string()];
+        let ctx = InjectContext {
+            probe_condition_types: &types,
+            ..Default::default()
+        };
+        let mut c = config();
+        c.readiness_gates = vec!["game.io/healthy".into(), "game.io/absent".into()];
+        let mut p = pod(ENABLED);
+        let out = applied(&p, &inject_ops(&p, &c, &ctx)).spec.unwrap();
+        let gates: Vec<String> = out
+            .readiness_gates
+            .unwrap()
+            .into_iter()
+            .map(|g| g.condition_type)
+            .collect();
+        assert_eq!(gates, ["game.io/healthy"]);
+
+        c.readiness_gates = vec!["*".into()];
+        p.spec.as_mut().unwrap().readiness_gates = Some(vec![PodReadinessGate {
+            condition_type: "game.io/idle".into(),
+        }]);
+        let out = applied(&p, &inject_ops(&p, &c, &ctx)).spec.unwrap();
+        let gates: Vec<String> = out
+            .readiness_gates
+            .unwrap()
+            .into_iter()
+            .map(|g| g.condition_type)
+            .collect();
+        assert_eq!(gates, ["game.io/idle", "game.io/healthy"]);
+    }
+
+    #[test]
+    fn already_injected_pod_is_left_alone_and_process_namespace_is_shared_on_request() {
+        let mut c = config();
+        c.share_process_namespace = true;
+        let ctx = InjectContext::default();
+        let p = pod(ENABLED);
+        let ops = inject_ops(&p, &c, &ctx);
+        assert!(ops.contains(&PatchOp::Add {
+            path: "/spec/shareProcessNamespace".into(),
+            value: Value::Bool(true)
+        }));
+        let injected = applied(&p, &ops);
+        assert!(inject_ops(&injected, &c, &ctx).is_empty());
+    }
+}

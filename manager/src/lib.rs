@@ -1,0 +1,23 @@
+//! podprobe-manager: the PodProbeMarker feature for clusters without OpenKruise.
+//!
+//! This crate's pure core, driven later by kube-runtime controllers and the admission server:
+//! - [`crd`]: the `PodProbeMarker` resource and its CRD;
+//! - [`annotate`] (+ [`gojson`]): the pod webhook's `kruise.io/podprobe` annotation and patch;
+//! - [`validate`]: the PodProbeMarker validating webhook's rules;
+//! - [`markers`]: pod conditions → markerPolicy labels/annotations patch;
+//! - [`config`], [`inject`]: sidecar injection settings and patch;
+//! - [`selector`]: label selectors and which PodProbeMarkers apply to a pod;
+//! - [`patch`]: RFC 6902 ops and their conversion for AdmissionReview responses;
+//! - [`manifest`], [`cli`]: the offline commands.
+
+pub mod annotate;
+pub mod cli;
+pub mod config;
+pub mod crd;
+pub mod gojson;
+pub mod inject;
+pub mod manifest;
+pub mod markers;
+pub mod patch;
+pub mod selector;
+pub mod validate;

@@ -1,0 +1,1123 @@
+//! The PodProbeMarker validating webhook's rules: OpenKruise's `validatePodProbeMarkerSpec`
+//! (same checks, same early returns, hence the same error counts), with three deliberate
+//! differences, each so that a PPM admitted here is one the podprobe sidecar will run:
+//! `grpc` counts as a handler (the sidecar implements it), a `podConditionType` that names a
+//! condition owned by the kubelet or Kruise is refused (the sidecar would refuse to write it),
+//! and errors carry precise field paths (`spec.probes[1].probe.httpGet.port`).
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{ExecAction, GRPCAction, HTTPGetAction, Probe, TCPSocketAction};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::crd::{
+    PodProbeMarker, PodProbeMarkerSpec, ProbeMarkerPolicy, STATE_FAILED, STATE_SUCCEEDED,
+};
+use crate::selector;
+
+/// Probe names OpenKruise refuses (it checks the probe *name*, not the condition type).
+const RESERVED_PROBE_NAMES: &[&str] = &[
+    "PodScheduled",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "KruisePodReady",
+    "InPlaceUpdateReady",
+];
+
+/// Condition types the sidecar will not write, because the kubelet or Kruise own them.
+const RESERVED_CONDITION_TYPES: &[&str] = &[
+    "PodScheduled",
+    "Initialized",
+    "Ready",
+    "ContainersReady",
+    "KruisePodReady",
+    "InPlaceUpdateReady",
+    "PodReadyToStartContainers",
+    "DisruptionTarget",
+];
+
+const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+/// Kind of a field error, as apimachinery's `field.ErrorType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Invalid,
+    Required,
+    Forbidden,
+    NotSupported,
+    TooLong,
+}
+
+/// One problem, naming the field it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub kind: ErrorKind,
+    /// The offending value, rendered for the message (absent for Required/Forbidden).
+    pub value: Option<String>,
+    pub detail: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value = self.value.as_deref().unwrap_or("");
+        match self.kind {
+            ErrorKind::Invalid => {
+                write!(f, "{}: Invalid value: {value}: {}", self.field, self.detail)
+            }
+            ErrorKind::Required => write!(f, "{}: Required value: {}", self.field, self.detail),
+            ErrorKind::Forbidden => write!(f, "{}: Forbidden: {}", self.field, self.detail),
+            ErrorKind::NotSupported => {
+                write!(
+                    f,
+                    "{}: Unsupported value: {value}: {}",
+                    self.field, self.detail
+                )
+            }
+            ErrorKind::TooLong => write!(f, "{}: Too long: {}", self.field, self.detail),
+        }
+    }
+}
+
+/// All problems of one object; its message is what the webhook returns with HTTP 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", format_errors(.0))]
+pub struct ValidationErrors(pub Vec<FieldError>);
+
+fn format_errors(errors: &[FieldError]) -> String {
+    let parts: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    match parts.len() {
+        1 => parts.into_iter().next().unwrap_or_default(),
+        _ => format!("[{}]", parts.join(", ")),
+    }
+}
+
+fn err(
+    field: &str,
+    kind: ErrorKind,
+    value: Option<String>,
+    detail: impl Into<String>,
+) -> FieldError {
+    FieldError {
+        field: field.to_owned(),
+        kind,
+        value,
+        detail: detail.into(),
+    }
+}
+
+fn invalid(field: &str, value: impl fmt::Display, detail: impl Into<String>) -> FieldError {
+    err(field, ErrorKind::Invalid, Some(value.to_string()), detail)
+}
+
+fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// CREATE (`old = None`) or UPDATE validation of a PodProbeMarker.
+pub fn validate(
+    new: &PodProbeMarker,
+    old: Option<&PodProbeMarker>,
+) -> Result<(), ValidationErrors> {
+    let mut errors = validate_spec(&new.spec, "spec");
+    if let Some(old) = old
+        && old.spec.selector != new.spec.selector
+    {
+        errors.push(invalid(
+            "spec.selector",
+            serde_json::to_string(&new.spec.selector).unwrap_or_default(),
+            "selector must be immutable",
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ValidationErrors(errors))
+    }
+}
+
+/// The spec rules, in OpenKruise's order, including its early returns.
+pub fn validate_spec(spec: &PodProbeMarkerSpec, path: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    match &spec.selector {
+        None => errors.push(err(
+            &format!("{path}.selector"),
+            ErrorKind::Required,
+            None,
+            "empty Selector is not valid for PodProbeMarker",
+        )),
+        Some(s) => errors.extend(validate_selector(s, &format!("{path}.selector"))),
+    }
+    if spec.probes.is_empty() {
+        errors.push(err(
+            &format!("{path}.probes"),
+            ErrorKind::Required,
+            None,
+            "empty probes is not valid for PodProbeMarker",
+        ));
+        return errors;
+    }
+    let mut names = HashSet::new();
+    let mut condition_types = HashSet::new();
+    for (i, probe) in spec.probes.iter().enumerate() {
+        let at = format!("{path}.probes[{i}]");
+        let name_field = format!("{at}.name");
+        if probe.name.contains('#') {
+            errors.push(invalid(
+                &name_field,
+                quoted(&probe.name),
+                "probe name can't contain '#'",
+            ));
+            return errors;
+        }
+        if probe.name.is_empty() {
+            errors.push(err(
+                &name_field,
+                ErrorKind::Required,
+                None,
+                "probe name can't be empty",
+            ));
+            return errors;
+        }
+        if probe.container_name.is_empty() {
+            errors.push(err(
+                &format!("{at}.containerName"),
+                ErrorKind::Required,
+                None,
+                "probe containerName can't be empty",
+            ));
+            return errors;
+        }
+        if RESERVED_PROBE_NAMES.contains(&probe.name.as_str()) {
+            errors.push(invalid(
+                &name_field,
+                quoted(&probe.name),
+                format!("probe name can't be {}", probe.name),
+            ));
+            return errors;
+        }
+        if !names.insert(probe.name.as_str()) {
+            errors.push(invalid(
+                &name_field,
+                quoted(&probe.name),
+                "probe name must be unique in PodProbeMarker",
+            ));
+            return errors;
+        }
+        errors.extend(validate_probe(&probe.probe, &format!("{at}.probe")));
+        let condition = probe.pod_condition_type.as_str();
+        let condition_field = format!("{at}.podConditionType");
+        if condition.is_empty() && probe.marker_policy.is_empty() {
+            errors.push(err(
+                &condition_field,
+                ErrorKind::Required,
+                None,
+                "podConditionType and markerPolicy cannot be empty at the same time",
+            ));
+            return errors;
+        }
+        if !condition.is_empty() {
+            if !condition_types.insert(condition) {
+                errors.push(invalid(
+                    &condition_field,
+                    quoted(condition),
+                    format!("podConditionType {condition} must be unique in podProbeMarker"),
+                ));
+                return errors;
+            }
+            for msg in qualified_name_errors(condition) {
+                errors.push(invalid(&condition_field, quoted(condition), msg));
+            }
+            if RESERVED_CONDITION_TYPES.contains(&condition) {
+                errors.push(invalid(
+                    &condition_field,
+                    quoted(condition),
+                    "is a condition owned by the kubelet or Kruise; the podprobe sidecar will not write it",
+                ));
+            }
+        }
+        let mut states = HashSet::new();
+        for (j, policy) in probe.marker_policy.iter().enumerate() {
+            let policy_path = format!("{at}.markerPolicy[{j}]");
+            if !states.insert(policy.state.as_str()) {
+                errors.push(invalid(
+                    &format!("{policy_path}.state"),
+                    quoted(&policy.state),
+                    "marker policy state must be unique",
+                ));
+                return errors;
+            }
+            errors.extend(validate_policy(policy, &policy_path));
+        }
+    }
+    errors
+}
+
+fn validate_selector(selector: &LabelSelector, path: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if let Some(labels) = &selector.match_labels {
+        errors.extend(validate_labels(labels, &format!("{path}.matchLabels")));
+    }
+    for (i, req) in selector.match_expressions.iter().flatten().enumerate() {
+        let at = format!("{path}.matchExpressions[{i}]");
+        let has_values = req.values.as_ref().is_some_and(|v| !v.is_empty());
+        match req.operator.as_str() {
+            "In" | "NotIn" if !has_values => errors.push(err(
+                &format!("{at}.values"),
+                ErrorKind::Required,
+                None,
+                "must be specified when `operator` is 'In' or 'NotIn'",
+            )),
+            "Exists" | "DoesNotExist" if has_values => errors.push(err(
+                &format!("{at}.values"),
+                ErrorKind::Forbidden,
+                None,
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => errors.push(err(
+                &format!("{at}.operator"),
+                ErrorKind::NotSupported,
+                Some(quoted(other)),
+                r#"supported values: "DoesNotExist", "Exists", "In", "NotIn""#,
+            )),
+        }
+        for msg in qualified_name_errors(&req.key) {
+            errors.push(invalid(&format!("{at}.key"), quoted(&req.key), msg));
+        }
+    }
+    if selector::is_empty(selector) {
+        errors.push(invalid(
+            path,
+            "{}",
+            "empty selector is not valid for podProbeMarker",
+        ));
+    }
+    // apimachinery also fails the conversion for the operator errors above; OpenKruise reports
+    // that as one more error, so the counts match only if we do too.
+    if let Err(e) = selector::matches(selector, &BTreeMap::new()) {
+        errors.push(invalid(path, "selector", e.to_string()));
+    }
+    errors
+}
+
+fn validate_probe(probe: &Probe, path: &str) -> Vec<FieldError> {
+    let mut errors = validate_handler(probe, path);
+    for (name, value) in [
+        ("initialDelaySeconds", probe.initial_delay_seconds),
+        ("timeoutSeconds", probe.timeout_seconds),
+        ("periodSeconds", probe.period_seconds),
+        ("successThreshold", probe.success_threshold),
+        ("failureThreshold", probe.failure_threshold),
+    ] {
+        if let Some(v) = value.filter(|v| *v < 0) {
+            errors.push(invalid(
+                &format!("{path}.{name}"),
+                v,
+                "must be greater than or equal to 0",
+            ));
+        }
+    }
+    errors
+}
+
+/// Exactly one of exec, httpGet, tcpSocket, grpc; each then checked on its own.
+pub fn validate_handler(probe: &Probe, path: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    let mut handlers = 0;
+    let mut one =
+        |name: &str, errors: &mut Vec<FieldError>, check: &dyn Fn(&str) -> Vec<FieldError>| {
+            let at = format!("{path}.{name}");
+            if handlers > 0 {
+                errors.push(err(
+                    &at,
+                    ErrorKind::Forbidden,
+                    None,
+                    "may not specify more than 1 handler type",
+                ));
+            } else {
+                handlers += 1;
+                errors.extend(check(&at));
+            }
+        };
+    if let Some(exec) = &probe.exec {
+        one("exec", &mut errors, &|at| validate_exec(exec, at));
+    }
+    if let Some(http) = &probe.http_get {
+        one("httpGet", &mut errors, &|at| validate_http_get(http, at));
+    }
+    if let Some(tcp) = &probe.tcp_socket {
+        one("tcpSocket", &mut errors, &|at| validate_tcp_socket(tcp, at));
+    }
+    if let Some(grpc) = &probe.grpc {
+        one("grpc", &mut errors, &|at| validate_grpc(grpc, at));
+    }
+    if handlers == 0 {
+        errors.push(err(
+            path,
+            ErrorKind::Required,
+            None,
+            "must specify a handler type",
+        ));
+    }
+    errors
+}
+
+fn validate_exec(exec: &ExecAction, path: &str) -> Vec<FieldError> {
+    if exec.command.as_ref().is_none_or(Vec::is_empty) {
+        vec![err(
+            &format!("{path}.command"),
+            ErrorKind::Required,
+            None,
+            "",
+        )]
+    } else {
+        vec![]
+    }
+}
+
+fn forbid_host(host: Option<&str>, path: &str) -> Option<FieldError> {
+    host.filter(|h| !h.is_empty()).map(|_| {
+        err(
+            &format!("{path}.host"),
+            ErrorKind::Forbidden,
+            None,
+            "probes always target the pod IP; a host would let a probe reach other endpoints (SSRF)",
+        )
+    })
+}
+
+fn validate_tcp_socket(tcp: &TCPSocketAction, path: &str) -> Vec<FieldError> {
+    let mut errors: Vec<_> = forbid_host(tcp.host.as_deref(), path).into_iter().collect();
+    errors.extend(validate_port(&tcp.port, &format!("{path}.port")));
+    errors
+}
+
+fn validate_grpc(grpc: &GRPCAction, path: &str) -> Vec<FieldError> {
+    port_number_errors(grpc.port)
+        .into_iter()
+        .map(|msg| invalid(&format!("{path}.port"), grpc.port, msg))
+        .collect()
+}
+
+/// httpGet rules; the `Host` *header* stays allowed (the contract uses it to set the request's
+/// Host line), unlike OpenKruise releases that refuse it.
+pub fn validate_http_get(http: &HTTPGetAction, path: &str) -> Vec<FieldError> {
+    let mut errors: Vec<_> = forbid_host(http.host.as_deref(), path)
+        .into_iter()
+        .collect();
+    let url_path = http.path.as_deref().unwrap_or("");
+    let path_field = format!("{path}.path");
+    if url_path.is_empty() {
+        errors.push(err(&path_field, ErrorKind::Required, None, ""));
+    }
+    if let Err(why) = go_url_parse(url_path) {
+        errors.push(invalid(
+            &path_field,
+            quoted(url_path),
+            format!("must be a valid URL path: {why}"),
+        ));
+    }
+    errors.extend(validate_port(&http.port, &format!("{path}.port")));
+    let scheme = http.scheme.as_deref().unwrap_or("");
+    if scheme != "HTTP" && scheme != "HTTPS" {
+        errors.push(err(
+            &format!("{path}.scheme"),
+            ErrorKind::NotSupported,
+            Some(quoted(scheme)),
+            r#"supported values: "HTTP", "HTTPS""#,
+        ));
+    }
+    for (i, header) in http.http_headers.iter().flatten().enumerate() {
+        if !is_http_token(&header.name) {
+            errors.push(invalid(
+                &format!("{path}.httpHeaders[{i}].name"),
+                quoted(&header.name),
+                "a valid HTTP header must consist of alphanumeric characters, '-' and \
+                 !#$%&'*+.^_`|~ (regex '[-A-Za-z0-9!#$%&'*+.^_`|~]+')",
+            ));
+        }
+    }
+    errors
+}
+
+fn validate_port(port: &IntOrString, path: &str) -> Vec<FieldError> {
+    match port {
+        IntOrString::Int(n) => port_number_errors(*n)
+            .into_iter()
+            .map(|msg| invalid(path, n, msg))
+            .collect(),
+        IntOrString::String(s) => port_name_errors(s)
+            .into_iter()
+            .map(|msg| invalid(path, quoted(s), msg))
+            .collect(),
+    }
+}
+
+fn port_number_errors(n: i32) -> Vec<&'static str> {
+    if (1..=65535).contains(&n) {
+        vec![]
+    } else {
+        vec!["must be between 1 and 65535, inclusive"]
+    }
+}
+
+/// apimachinery's `IsValidPortName` (IANA service name), one message per broken rule.
+fn port_name_errors(name: &str) -> Vec<&'static str> {
+    let mut msgs = Vec::new();
+    if name.len() > 15 {
+        msgs.push("must be no more than 15 characters");
+    }
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b == b'-' || b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        msgs.push("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)");
+    }
+    if !name.bytes().any(|b| b.is_ascii_lowercase()) {
+        msgs.push("must contain at least one letter (a-z)");
+    }
+    if name.contains("--") {
+        msgs.push("must not contain consecutive hyphens");
+    }
+    if name.starts_with('-') || name.ends_with('-') {
+        msgs.push("must not begin or end with a hyphen");
+    }
+    msgs
+}
+
+fn is_http_token(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-!#$%&'*+.^_`|~".contains(&b))
+}
+
+/// The failures of Go's `url.Parse` that a probe path can hit: control characters, a leading
+/// `:` (missing scheme), a colon in the first segment of a scheme-less relative path, and bad
+/// `%` escapes in the path or fragment (the query is not checked by Go either).
+fn go_url_parse(raw: &str) -> Result<(), &'static str> {
+    if raw.bytes().any(|b| b < 0x20 || b == 0x7f) {
+        return Err("invalid control character in URL");
+    }
+    let (rest, fragment) = raw.split_once('#').unwrap_or((raw, ""));
+    if !valid_escapes(fragment) {
+        return Err("invalid URL escape");
+    }
+    if rest.starts_with(':') {
+        return Err("missing protocol scheme");
+    }
+    let has_scheme = rest.split_once(':').is_some_and(|(s, _)| {
+        s.starts_with(|c: char| c.is_ascii_alphabetic())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    });
+    let rest = rest.split_once('?').map_or(rest, |(p, _)| p);
+    let path = if has_scheme {
+        rest.split_once(':').map_or("", |(_, p)| p)
+    } else {
+        if !rest.starts_with('/') && rest.split('/').next().is_some_and(|seg| seg.contains(':')) {
+            return Err("first path segment in URL cannot contain colon");
+        }
+        rest
+    };
+    if valid_escapes(path) {
+        Ok(())
+    } else {
+        Err("invalid URL escape")
+    }
+}
+
+fn valid_escapes(s: &str) -> bool {
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            if !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+            {
+                return false;
+            }
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    true
+}
+
+fn validate_policy(policy: &ProbeMarkerPolicy, path: &str) -> Vec<FieldError> {
+    if policy.state != STATE_SUCCEEDED && policy.state != STATE_FAILED {
+        return vec![err(
+            &format!("{path}.state"),
+            ErrorKind::Required,
+            Some(quoted(&policy.state)),
+            "marker policy state must be 'Succeeded' or 'Failed'",
+        )];
+    }
+    if policy.labels.is_empty() && policy.annotations.is_empty() {
+        return vec![err(
+            path,
+            ErrorKind::Required,
+            None,
+            "marker policy annotations or labels can't be both empty",
+        )];
+    }
+    let mut errors = validate_labels(&policy.labels, &format!("{path}.labels"));
+    let annotations_path = format!("{path}.annotations");
+    let mut total = 0;
+    for (k, v) in &policy.annotations {
+        for msg in qualified_name_errors(&k.to_lowercase()) {
+            errors.push(invalid(&annotations_path, quoted(k), msg));
+        }
+        total += k.len() + v.len();
+    }
+    if total > MAX_ANNOTATIONS_BYTES {
+        errors.push(err(
+            &annotations_path,
+            ErrorKind::TooLong,
+            None,
+            format!("may not be more than {MAX_ANNOTATIONS_BYTES} bytes"),
+        ));
+    }
+    errors
+}
+
+fn validate_labels(labels: &BTreeMap<String, String>, path: &str) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (k, v) in labels {
+        for msg in qualified_name_errors(k) {
+            errors.push(invalid(path, quoted(k), msg));
+        }
+        for msg in label_value_errors(v) {
+            errors.push(invalid(path, quoted(v), msg));
+        }
+    }
+    errors
+}
+
+/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`
+fn is_qualified_part(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+}
+
+/// apimachinery's `IsQualifiedName`: optional DNS-subdomain prefix, `/`, name ≤ 63 chars.
+fn qualified_name_errors(value: &str) -> Vec<String> {
+    const NAME_RULE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+    let mut msgs = Vec::new();
+    let parts: Vec<&str> = value.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                msgs.push("prefix part must be non-empty".to_owned());
+            } else {
+                msgs.extend(
+                    dns_subdomain_errors(prefix)
+                        .into_iter()
+                        .map(|m| format!("prefix part {m}")),
+                );
+            }
+            *name
+        }
+        _ => {
+            return vec![format!(
+                "a qualified name {NAME_RULE}, with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+            )];
+        }
+    };
+    if name.is_empty() {
+        msgs.push("name part must be non-empty".to_owned());
+    } else if name.len() > 63 {
+        msgs.push("name part must be no more than 63 characters".to_owned());
+    }
+    if !is_qualified_part(name) {
+        msgs.push(format!("name part {NAME_RULE}"));
+    }
+    msgs
+}
+
+fn dns_subdomain_errors(value: &str) -> Vec<&'static str> {
+    let mut msgs = Vec::new();
+    if value.len() > 253 {
+        msgs.push("must be no more than 253 characters");
+    }
+    let label_ok = |l: &str| {
+        let b = l.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && !b.iter().any(u8::is_ascii_uppercase)
+    };
+    if !value.split('.').all(label_ok) {
+        msgs.push(
+            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+        );
+    }
+    msgs
+}
+
+fn label_value_errors(value: &str) -> Vec<&'static str> {
+    let mut msgs = Vec::new();
+    if value.len() > 63 {
+        msgs.push("must be no more than 63 characters");
+    }
+    if !value.is_empty() && !is_qualified_part(value) {
+        msgs.push("a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character");
+    }
+    msgs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::PodContainerProbe;
+    use crate::selector::tests::{labels, sel};
+    use k8s_openapi::api::core::v1::HTTPHeader;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
+
+    /// OpenKruise's `ppmDemo`.
+    fn ppm_demo() -> PodProbeMarker {
+        PodProbeMarker {
+            metadata: ObjectMeta {
+                name: Some("ppm-test".into()),
+                ..Default::default()
+            },
+            spec: PodProbeMarkerSpec {
+                selector: Some(sel(&[("app", "test")])),
+                probes: vec![PodContainerProbe {
+                    name: "healthy".into(),
+                    container_name: "main".into(),
+                    probe: Probe {
+                        exec: Some(ExecAction {
+                            command: Some(vec![
+                                "/bin/sh".into(),
+                                "-c".into(),
+                                "/healthy.sh".into(),
+                            ]),
+                        }),
+                        ..Default::default()
+                    },
+                    pod_condition_type: "game.kruise.io/healthy".into(),
+                    marker_policy: vec![
+                        ProbeMarkerPolicy {
+                            state: "Succeeded".into(),
+                            annotations: labels(&[(
+                                "controller.kubernetes.io/pod-deletion-cost",
+                                "10",
+                            )]),
+                            labels: labels(&[("server-healthy", "true")]),
+                        },
+                        ProbeMarkerPolicy {
+                            state: "Failed".into(),
+                            annotations: labels(&[(
+                                "controller.kubernetes.io/pod-deletion-cost",
+                                "-10",
+                            )]),
+                            labels: labels(&[("server-healthy", "false")]),
+                        },
+                    ],
+                }],
+            },
+            status: None,
+        }
+    }
+
+    fn count(ppm: &PodProbeMarker) -> usize {
+        match validate(ppm, None) {
+            Ok(()) => 0,
+            Err(ValidationErrors(e)) => e.len(),
+        }
+    }
+
+    fn http_probe(name: &str) -> PodContainerProbe {
+        PodContainerProbe {
+            name: name.into(),
+            container_name: "other".into(),
+            probe: Probe {
+                http_get: Some(HTTPGetAction {
+                    path: Some("/index.html".into()),
+                    scheme: Some("HTTP".into()),
+                    port: IntOrString::Int(80),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            pod_condition_type: "game.kruise.io/check".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tv13_error_counts_match_openkruise() {
+        type Mutation = fn(&mut PodProbeMarker);
+        let cases: Vec<(&str, Mutation, usize)> = vec![
+            ("base", |_| {}, 0),
+            ("test1 nil selector", |p| p.spec.selector = None, 1),
+            ("test2 no probes", |p| p.spec.probes.clear(), 1),
+            (
+                "test3 duplicate name",
+                |p| {
+                    p.spec.probes.push(PodContainerProbe {
+                        name: "healthy".into(),
+                        container_name: "other".into(),
+                        ..Default::default()
+                    })
+                },
+                1,
+            ),
+            (
+                "test4 valid http probe",
+                |p| p.spec.probes.push(http_probe("check")),
+                0,
+            ),
+            (
+                "test5 empty exec",
+                |p| {
+                    let mut probe = http_probe("check");
+                    probe.probe = Probe {
+                        exec: Some(ExecAction::default()),
+                        ..Default::default()
+                    };
+                    p.spec.probes.push(probe)
+                },
+                1,
+            ),
+            (
+                "test6 Unknown state",
+                |p| {
+                    p.spec.probes[0].marker_policy = vec![ProbeMarkerPolicy {
+                        state: "Unknown".into(),
+                        annotations: labels(&[(
+                            "controller.kubernetes.io/pod-deletion-cost",
+                            "10",
+                        )]),
+                        labels: labels(&[("server-healthy", "true")]),
+                    }]
+                },
+                1,
+            ),
+            (
+                "test7 bad label key",
+                |p| {
+                    p.spec.probes[0].marker_policy = vec![ProbeMarkerPolicy {
+                        state: "Succeeded".into(),
+                        annotations: labels(&[(
+                            "controller.kubernetes.io/pod-deletion-cost",
+                            "10",
+                        )]),
+                        labels: labels(&[("server-/$healthy", "true")]),
+                    }]
+                },
+                2,
+            ),
+            (
+                "test8 reserved probe name",
+                |p| p.spec.probes[0].name = "Initialized".into(),
+                1,
+            ),
+            (
+                "test9 bad condition type",
+                |p| p.spec.probes[0].pod_condition_type = "#5invalid".into(),
+                1,
+            ),
+            ("test10 empty name", |p| p.spec.probes[0].name.clear(), 1),
+            (
+                "test11 empty container",
+                |p| p.spec.probes[0].container_name.clear(),
+                1,
+            ),
+        ];
+        for (name, mutate, want) in cases {
+            let mut ppm = ppm_demo();
+            mutate(&mut ppm);
+            assert_eq!(count(&ppm), want, "{name}: {:?}", validate(&ppm, None));
+        }
+    }
+
+    fn http(path: &str, port: IntOrString, scheme: &str) -> HTTPGetAction {
+        HTTPGetAction {
+            path: Some(path.into()),
+            port,
+            scheme: Some(scheme.into()),
+            ..Default::default()
+        }
+    }
+
+    fn header(name: &str) -> Option<Vec<HTTPHeader>> {
+        Some(vec![HTTPHeader {
+            name: name.into(),
+            value: "value".into(),
+        }])
+    }
+
+    #[test]
+    fn tv14_http_get_error_counts() {
+        let int = IntOrString::Int;
+        let cases: Vec<(&str, HTTPGetAction, usize)> = vec![
+            ("valid", http("/healthz", int(8080), "HTTP"), 0),
+            ("missing path", http("", int(8080), "HTTP"), 1),
+            ("port 65536", http("/healthz", int(65536), "HTTP"), 1),
+            (
+                "bad port name",
+                http(
+                    "/healthz",
+                    IntOrString::String("invalid-port-name-!@#".into()),
+                    "HTTP",
+                ),
+                2,
+            ),
+            ("FTP", http("/healthz", int(8080), "FTP"), 1),
+            (
+                "bad header",
+                HTTPGetAction {
+                    http_headers: header("Invalid Header:Name"),
+                    ..http("/healthz", int(8080), "HTTPS")
+                },
+                1,
+            ),
+            (
+                "multiple",
+                HTTPGetAction {
+                    http_headers: header("Invalid:Header"),
+                    ..http("", int(99999), "FTP")
+                },
+                4,
+            ),
+            (
+                "bad path escape",
+                HTTPGetAction {
+                    http_headers: header("Valid-Header"),
+                    ..http("path%notvalid", int(8080), "HTTP")
+                },
+                1,
+            ),
+            (
+                "host",
+                HTTPGetAction {
+                    host: Some("127.0.0.1".into()),
+                    ..http("/healthz", int(8080), "HTTP")
+                },
+                1,
+            ),
+            (
+                "Host header allowed (contract)",
+                HTTPGetAction {
+                    http_headers: header("Host"),
+                    ..http("/healthz", int(8080), "HTTP")
+                },
+                0,
+            ),
+        ];
+        for (name, action, want) in cases {
+            let errors = validate_http_get(&action, "test");
+            assert_eq!(errors.len(), want, "{name}: {errors:?}");
+        }
+    }
+
+    fn handler_errors(p: Probe) -> usize {
+        validate_handler(&p, "field").len()
+    }
+
+    fn tcp(port: IntOrString) -> Option<TCPSocketAction> {
+        Some(TCPSocketAction { host: None, port })
+    }
+
+    #[test]
+    fn handler_rules_and_grpc_is_a_handler() {
+        let exec = Some(ExecAction {
+            command: Some(vec!["echo".into()]),
+        });
+        assert_eq!(
+            handler_errors(Probe {
+                exec: exec.clone(),
+                ..Default::default()
+            }),
+            0
+        );
+        assert_eq!(
+            handler_errors(Probe {
+                tcp_socket: tcp(IntOrString::Int(8000)),
+                ..Default::default()
+            }),
+            0
+        );
+        let named = tcp(IntOrString::String("container-port".into()));
+        assert_eq!(
+            handler_errors(Probe {
+                tcp_socket: named,
+                ..Default::default()
+            }),
+            0
+        );
+        assert_eq!(handler_errors(Probe::default()), 1);
+        let long = tcp(IntOrString::String("container-port-v2".into()));
+        assert_eq!(
+            handler_errors(Probe {
+                tcp_socket: long.clone(),
+                ..Default::default()
+            }),
+            1
+        );
+        assert_eq!(
+            handler_errors(Probe {
+                tcp_socket: tcp(IntOrString::Int(-1)),
+                ..Default::default()
+            }),
+            1
+        );
+        let tcp_host = Some(TCPSocketAction {
+            host: Some("127.0.0.1".into()),
+            port: IntOrString::Int(80),
+        });
+        assert_eq!(
+            handler_errors(Probe {
+                tcp_socket: tcp_host,
+                ..Default::default()
+            }),
+            1
+        );
+        // Two handlers: the second is forbidden, the first is still checked.
+        let errors = validate_handler(
+            &Probe {
+                exec: Some(ExecAction::default()),
+                tcp_socket: long,
+                ..Default::default()
+            },
+            "field",
+        );
+        assert_eq!(
+            errors.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            ["field.exec.command", "field.tcpSocket"]
+        );
+        let grpc = Some(GRPCAction {
+            port: 9000,
+            service: None,
+        });
+        assert_eq!(
+            handler_errors(Probe {
+                grpc: grpc.clone(),
+                ..Default::default()
+            }),
+            0
+        );
+        assert_eq!(
+            handler_errors(Probe {
+                grpc: grpc.clone(),
+                exec,
+                ..Default::default()
+            }),
+            1
+        );
+        let bad_grpc = Some(GRPCAction {
+            port: 0,
+            service: None,
+        });
+        assert_eq!(
+            handler_errors(Probe {
+                grpc: bad_grpc,
+                ..Default::default()
+            }),
+            1
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let mut ppm = ppm_demo();
+        let mut probe = http_probe("check");
+        probe.probe.http_get.as_mut().unwrap().port = IntOrString::Int(70000);
+        ppm.spec.probes.push(probe);
+        let message = validate(&ppm, None).unwrap_err().to_string();
+        assert_eq!(
+            message,
+            "spec.probes[1].probe.httpGet.port: Invalid value: 70000: must be between 1 and 65535, inclusive"
+        );
+    }
+
+    #[test]
+    fn selector_is_immutable_on_update() {
+        let old = ppm_demo();
+        let mut new = ppm_demo();
+        new.spec.probes[0].probe.period_seconds = Some(5);
+        assert_eq!(validate(&new, Some(&old)), Ok(()));
+        new.spec.selector = Some(sel(&[("app", "other")]));
+        let errors = validate(&new, Some(&old)).unwrap_err().0;
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "spec.selector");
+        assert!(errors[0].detail.contains("immutable"));
+    }
+
+    #[test]
+    fn selector_rules() {
+        let mut ppm = ppm_demo();
+        ppm.spec.selector = Some(LabelSelector::default());
+        assert_eq!(count(&ppm), 1);
+        ppm.spec.selector = Some(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "app".into(),
+                operator: "Equals".into(),
+                values: Some(vec!["x".into()]),
+            }]),
+            match_labels: None,
+        });
+        // NotSupported operator + failed conversion, as apimachinery + OpenKruise report it.
+        assert_eq!(count(&ppm), 2);
+    }
+
+    #[test]
+    fn reserved_condition_type_is_refused() {
+        let mut ppm = ppm_demo();
+        ppm.spec.probes[0].pod_condition_type = "Ready".into();
+        let errors = validate(&ppm, None).unwrap_err().0;
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].field, "spec.probes[0].podConditionType");
+    }
+
+    #[test]
+    fn negative_timing_and_policy_rules() {
+        let mut ppm = ppm_demo();
+        ppm.spec.probes[0].probe.period_seconds = Some(-1);
+        ppm.spec.probes[0].probe.failure_threshold = Some(0);
+        assert_eq!(count(&ppm), 1);
+        let mut ppm = ppm_demo();
+        ppm.spec.probes[0].marker_policy[1].state = "Succeeded".into();
+        assert_eq!(count(&ppm), 1);
+        let mut ppm = ppm_demo();
+        ppm.spec.probes[0].marker_policy[1].labels.clear();
+        ppm.spec.probes[0].marker_policy[1].annotations.clear();
+        assert_eq!(count(&ppm), 1);
+        let mut ppm = ppm_demo();
+        ppm.spec.probes[0].marker_policy[1].labels = labels(&[("ok", "bad value!")]);
+        assert_eq!(count(&ppm), 1);
+    }
+
+    #[test]
+    fn go_url_parse_failures() {
+        for ok in [
+            "/healthz",
+            "/a%20b",
+            "/p?x=%zz",
+            "http://h/p",
+            "/a#f",
+            "a/b:c",
+            "/a:b",
+        ] {
+            assert_eq!(go_url_parse(ok), Ok(()), "{ok}");
+        }
+        for bad in ["path%notvalid", "/a%2", "/a#%zz", ":x", "1a:b", "/a\nb"] {
+            assert!(go_url_parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Fault injection: rules that match requests and change how they are
+//! answered.
+//!
+//! Rules are checked in the order they were added; the first rule that
+//! matches and still has uses left applies (and uses one up). A
+//! [`Action::Delay`] waits and then lets the request go on to later rules
+//! and normal handling.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What a matching rule does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum Action {
+    /// Answer with this status code and a `metav1.Status` body.
+    Status {
+        /// HTTP status code.
+        code: u16,
+        /// Optional `Retry-After` header, in seconds.
+        #[serde(default)]
+        retry_after: Option<u64>,
+        /// Optional `Status.message`.
+        #[serde(default)]
+        message: Option<String>,
+    },
+    /// Wait, then handle the request normally.
+    Delay {
+        /// Milliseconds to wait.
+        millis: u64,
+    },
+    /// Close the connection without an answer.
+    Reset,
+    /// For a watch: end the stream after this many events (bookmarks not
+    /// counted). Other requests are handled normally.
+    EndWatchAfter {
+        /// Events sent before the server closes the stream.
+        events: usize,
+    },
+}
+
+/// A fault rule. Build one with [`Fault::status`], [`Fault::too_many_requests`],
+/// [`Fault::delay`], [`Fault::reset`] or [`Fault::end_watch_after`], then
+/// narrow it with [`method`](Fault::method), [`path_contains`](Fault::path_contains),
+/// [`content_type`](Fault::content_type), [`watch`](Fault::watch) and
+/// [`times`](Fault::times). JSON form (for `POST /testkit/faults`):
+/// `{"action":{"type":"status","code":500},"method":"PATCH","pathContains":"/status","times":3}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Fault {
+    /// What to do.
+    pub action: Action,
+    /// HTTP method to match (any when `None`).
+    #[serde(default)]
+    pub method: Option<String>,
+    /// Substring of the path to match.
+    #[serde(default)]
+    pub path_contains: Option<String>,
+    /// Substring of the query to match (e.g. `watch=true`).
+    #[serde(default)]
+    pub query_contains: Option<String>,
+    /// Substring of the `Content-Type` to match.
+    #[serde(default)]
+    pub content_type: Option<String>,
+    /// Uses left; `None` is unlimited.
+    #[serde(default)]
+    pub times: Option<u32>,
+}
+
+impl Fault {
+    fn new(action: Action) -> Self {
+        Self {
+            action,
+            method: None,
+            path_contains: None,
+            query_contains: None,
+            content_type: None,
+            times: None,
+        }
+    }
+
+    /// Answer with `code`.
+    pub fn status(code: u16) -> Self {
+        Self::new(Action::Status {
+            code,
+            retry_after: None,
+            message: None,
+        })
+    }
+
+    /// Answer 429 with `Retry-After: <secs>`.
+    pub fn too_many_requests(retry_after_secs: u64) -> Self {
+        Self::new(Action::Status {
+            code: 429,
+            retry_after: Some(retry_after_secs),
+            message: None,
+        })
+    }
+
+    /// Delay the answer.
+    pub fn delay(d: Duration) -> Self {
+        Self::new(Action::Delay {
+            millis: d.as_millis() as u64,
+        })
+    }
+
+    /// Reset the connection.
+    pub fn reset() -> Self {
+        Self::new(Action::Reset)
+    }
+
+    /// End matching watches after `events` events.
+    pub fn end_watch_after(events: usize) -> Self {
+        Self::new(Action::EndWatchAfter { events }).watch()
+    }
+
+    /// Only requests with this method.
+    pub fn method(mut self, m: impl Into<String>) -> Self {
+        self.method = Some(m.into());
+        self
+    }
+
+    /// Only paths containing `s`.
+    pub fn path_contains(mut self, s: impl Into<String>) -> Self {
+        self.path_contains = Some(s.into());
+        self
+    }
+
+    /// Only queries containing `s`.
+    pub fn query_contains(mut self, s: impl Into<String>) -> Self {
+        self.query_contains = Some(s.into());
+        self
+    }
+
+    /// Only watch requests.
+    pub fn watch(self) -> Self {
+        self.query_contains("watch=")
+    }
+
+    /// Only requests whose `Content-Type` contains `s`.
+    pub fn content_type(mut self, s: impl Into<String>) -> Self {
+        self.content_type = Some(s.into());
+        self
+    }
+
+    /// Apply at most `n` times.
+    pub fn times(mut self, n: u32) -> Self {
+        self.times = Some(n);
+        self
+    }
+
+    fn matches(&self, method: &str, path: &str, query: &str, content_type: &str) -> bool {
+        self.times != Some(0)
+            && self
+                .method
+                .as_deref()
+                .is_none_or(|m| m.eq_ignore_ascii_case(method))
+            && self
+                .path_contains
+                .as_deref()
+                .is_none_or(|p| path.contains(p))
+            && self
+                .query_contains
+                .as_deref()
+                .is_none_or(|q| query.contains(q))
+            && self
+                .content_type
+                .as_deref()
+                .is_none_or(|c| content_type.contains(c))
+    }
+}
+
+/// The installed rules, cheap to clone (shared).
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    rules: Arc<Mutex<Vec<Fault>>>,
+}
+
+impl Faults {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Fault>> {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Install a rule (checked after the ones already installed).
+    pub fn add(&self, f: Fault) {
+        self.lock().push(f);
+    }
+
+    /// Remove all rules.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// The rules with their uses left.
+    pub fn rules(&self) -> Vec<Fault> {
+        self.lock().clone()
+    }
+
+    /// The actions for one request, in order, using up one use of each
+    /// rule taken. Stops after the first action that answers the request.
+    pub(crate) fn take(
+        &self,
+        method: &str,
+        path: &str,
+        query: &str,
+        content_type: &str,
+        is_watch: bool,
+    ) -> Vec<Action> {
+        let mut out = Vec::new();
+        let mut g = self.lock();
+        for rule in g.iter_mut() {
+            if !rule.matches(method, path, query, content_type) {
+                continue;
+            }
+            if matches!(rule.action, Action::EndWatchAfter { .. }) && !is_watch {
+                continue;
+            }
+            if let Some(n) = rule.times.as_mut() {
+                *n -= 1;
+            }
+            out.push(rule.action.clone());
+            if !matches!(rule.action, Action::Delay { .. }) {
+                break;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_used_up_in_order() {
+        let f = Faults::default();
+        f.add(
+            Fault::status(500)
+                .method("PATCH")
+                .path_contains("/status")
+                .times(2),
+        );
+        let take = || f.take("PATCH", "/api/v1/namespaces/a/pods/p/status", "", "", false);
+        assert_eq!(take().len(), 1);
+        assert_eq!(take().len(), 1);
+        assert!(take().is_empty());
+        assert!(f.take("GET", "/x/status", "", "", false).is_empty());
+    }
+
+    #[test]
+    fn delay_then_status() {
+        let f = Faults::default();
+        f.add(Fault::delay(Duration::from_millis(5)).times(1));
+        f.add(Fault::too_many_requests(1));
+        let a = f.take("GET", "/api", "", "", false);
+        assert_eq!(a.len(), 2);
+        assert!(matches!(
+            a[1],
+            Action::Status {
+                code: 429,
+                retry_after: Some(1),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn json_form() {
+        let f: Fault = serde_json::from_str(
+            r#"{"action":{"type":"status","code":500},"method":"PATCH","pathContains":"/status","times":3}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            f,
+            Fault::status(500)
+                .method("PATCH")
+                .path_contains("/status")
+                .times(3)
+        );
+    }
+}

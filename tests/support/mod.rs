@@ -1,0 +1,246 @@
+//! A cluster for the sidecar's tests: testkit's API server, a namespace, pods with the statuses a
+//! kubelet would report, and the real `podprobe run` binary pointed at it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use kube::Api;
+use serde_json::{Value, json};
+use testkit::ApiServer;
+
+pub const NS: &str = "games";
+
+pub struct Cluster {
+    pub api: ApiServer,
+    pub dir: tempfile::TempDir,
+    pub kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    pub async fn start() -> Cluster {
+        let api = ApiServer::start().await.expect("start testkit");
+        api.create_namespace(NS).expect("namespace");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig).unwrap();
+        Cluster {
+            api,
+            dir,
+            kubeconfig,
+        }
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.api.client(), NS)
+    }
+
+    /// Creates a running pod whose container `main` (ports as given) has started long ago, with
+    /// the kubelet's own conditions, and the annotation.
+    pub fn create_pod(&self, name: &str, annotation: &str, ports: Value) -> Pod {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS,
+                         "annotations": {"kruise.io/podprobe": annotation}},
+            "spec": {"nodeName": "vk-1", "containers": [
+                {"name": "main", "image": "game:1", "ports": ports},
+                {"name": "podprobe", "image": "podprobe:dev"}
+            ]}
+        }))
+        .unwrap();
+        self.api.create(&pod).expect("create pod");
+        self.kubelet_reports_running(name, "containerd://main-1")
+    }
+
+    /// What the kubelet would write for a running pod: IP, phase, container statuses and its
+    /// four conditions.
+    pub fn kubelet_reports_running(&self, name: &str, container_id: &str) -> Pod {
+        let long_ago = jiff::Timestamp::from_second(1_767_225_600).unwrap();
+        self.kubelet_reports_started(name, container_id, long_ago)
+    }
+
+    /// As [`kubelet_reports_running`](Self::kubelet_reports_running), with container `main`
+    /// started at `started_at`.
+    pub fn kubelet_reports_started(
+        &self,
+        name: &str,
+        container_id: &str,
+        started_at: jiff::Timestamp,
+    ) -> Pod {
+        let started = podprobe::condition::kube_time(started_at);
+        self.api
+            .update_pod_status(NS, name, |status| {
+                *status = serde_json::from_value(json!({
+                    "phase": "Running",
+                    "podIP": "127.0.0.1",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+                        {"type": "Initialized", "status": "True", "lastTransitionTime": started},
+                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": started},
+                        {"type": "Ready", "status": "True", "lastTransitionTime": started}
+                    ],
+                    "containerStatuses": [
+                        {"name": "main", "ready": true, "restartCount": 0, "image": "game:1",
+                         "imageID": "", "containerID": container_id, "started": true,
+                         "state": {"running": {"startedAt": started}}},
+                        {"name": "podprobe", "ready": true, "restartCount": 0, "image": "podprobe:dev",
+                         "imageID": "", "containerID": "containerd://sidecar", "started": true,
+                         "state": {"running": {"startedAt": started}}}
+                    ]
+                }))
+                .unwrap();
+            })
+            .expect("update status")
+    }
+
+    pub fn set_annotation(&self, name: &str, annotation: &str) {
+        self.api
+            .modify::<Pod>(NS, name, |pod| {
+                pod.metadata
+                    .annotations
+                    .get_or_insert_default()
+                    .insert("kruise.io/podprobe".into(), annotation.into());
+            })
+            .expect("set annotation");
+    }
+
+    /// Starts `podprobe run` for pod `name` with `extra` flags; its log goes to a file in the
+    /// test directory (printed by [`Sidecar::log`] when a test fails).
+    pub fn sidecar(&self, name: &str, extra: &[&str]) -> Sidecar {
+        let log = self
+            .dir
+            .path()
+            .join(format!("{name}-{}.log", rand_suffix()));
+        let stderr = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_podprobe"))
+            .args(["run", "--pod-name", name, "--pod-namespace", NS])
+            .args(extra)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "podprobe=debug,info")
+            .env_remove("POD_UID")
+            .env_remove("POD_IP")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start podprobe run");
+        Sidecar { child, log }
+    }
+
+    /// Waits (watching the pod, up to `limit`) until `check` holds for it.
+    pub async fn wait_pod(&self, name: &str, limit: Duration, check: impl Fn(&Pod) -> bool) -> Pod {
+        let pods = self.pods();
+        let cond = |pod: Option<&Pod>| pod.is_some_and(&check);
+        match tokio::time::timeout(
+            limit,
+            kube::runtime::wait::await_condition(pods.clone(), name, cond),
+        )
+        .await
+        {
+            Ok(Ok(Some(pod))) => pod,
+            other => {
+                let now = pods.get(name).await.ok();
+                panic!(
+                    "pod {name}: condition not reached within {limit:?} ({other:?}); conditions now: {:#?}",
+                    now.and_then(|p| p.status).and_then(|s| s.conditions)
+                )
+            }
+        }
+    }
+
+    pub fn status_patches(&self) -> usize {
+        self.api.journal().count("PATCH", "pods/status")
+    }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+pub struct Sidecar {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Sidecar {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// Sends SIGTERM and waits (up to `limit`) for the exit status.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- podprobe log ({}) ----\n{}",
+                self.log.display(),
+                self.log()
+            );
+        }
+    }
+}
+
+pub fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+pub fn has_status(pod: &Pod, type_: &str, status: &str) -> bool {
+    condition(pod, type_).is_some_and(|c| c.status == status)
+}
+
+/// An exec probe that succeeds while `flag` exists (message = its content) and fails otherwise
+/// (message "down" on stderr).
+pub fn file_probe(name: &str, condition_type: &str, flag: &Path) -> String {
+    let script = format!(
+        "if [ -f {f} ]; then cat {f}; else echo down >&2; exit 1; fi",
+        f = flag.display()
+    );
+    json!({"name": name, "containerName": "main",
+           "probe": {"exec": {"command": ["sh", "-c", script]}, "periodSeconds": 1},
+           "podConditionType": condition_type})
+    .to_string()
+}
+
+pub fn array(entries: &[String]) -> String {
+    format!("[{}]", entries.join(","))
+}
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
