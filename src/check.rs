@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::annotation::{self, AnnotationError, InvalidProbe, PodContainers, ProbeSet};
 use crate::condition::ConditionBook;
-use crate::probe::Prober;
+use crate::probe::{ExecConfig, ExecMode, Prober};
 use crate::runner::{Event, ProbeId, ProbeState, Runner, RunnerConfig, TimingDefaults, Transition};
 
 /// How `check` prints.
@@ -31,6 +31,9 @@ pub struct CheckOptions {
     pub host: String,
     pub timing_defaults: TimingDefaults,
     pub user_agent: String,
+    /// Where exec probes run (`local` by default; `check` has no pod to exec into, so `api` is
+    /// unavailable and `auto` means procfs, else local).
+    pub exec_mode: ExecMode,
 }
 
 /// Bad input: `check` exits 2.
@@ -217,7 +220,14 @@ pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
         start_jitter: !options.once,
         skip_initial_delay: options.once,
     };
-    let mut runner = Runner::new(Prober::new(options.user_agent.clone()), config, tx);
+    let mut runner = Runner::new(
+        Prober::new(options.user_agent.clone()).with_exec(ExecConfig {
+            mode: options.exec_mode,
+            api: None,
+        }),
+        config,
+        tx,
+    );
     runner.apply(&set.probes, &containers);
     let mut printer = Printer::new(std::io::stdout().lock(), options.output);
     let mut book = ConditionBook::default();

@@ -1,4 +1,5 @@
 //! The `podprobe` command line: parse flags, build, run.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use podprobe::check::{self, CheckOptions, OutputFormat};
 use podprobe::pod::{PodIdentity, SourceKind};
+use podprobe::probe::ExecMode;
 use podprobe::runner::TimingDefaults;
 use podprobe::sidecar::{self, SidecarOptions};
 
@@ -72,6 +74,12 @@ enum Command {
         /// User-Agent of HTTP probes (kubelet sends kube-probe/<major>.<minor>).
         #[arg(long, default_value = podprobe::probe::http::DEFAULT_USER_AGENT)]
         user_agent: String,
+
+        /// Where exec probes run: `local` (this machine), `procfs` (chrooted into another
+        /// process' root; see `podprobe run --help`) or `auto` (procfs, else local). `api` needs
+        /// a pod and is unavailable here.
+        #[arg(long, value_enum, default_value_t = ExecMode::Local)]
+        exec_mode: ExecMode,
     },
 
     /// Watch real probes flip: start local target servers, run the example game-server pod's
@@ -154,6 +162,14 @@ struct RunArgs {
     /// Off by default.
     #[arg(long, env = "PODPROBE_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Where exec probes run. `procfs`: chrooted into the target container's main process
+    /// (needs `shareProcessNamespace: true` and CAP_SYS_CHROOT; the target's uid or
+    /// CAP_SYS_PTRACE). `api`: pods/exec through the apiserver (RBAC `create pods/exec`).
+    /// `local`: in the sidecar's container. `auto`: procfs, else api, else local, per target
+    /// container; the choice and the reason are logged.
+    #[arg(long, value_enum, default_value_t = ExecMode::Auto, env = "PODPROBE_EXEC_MODE")]
+    exec_mode: ExecMode,
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -211,6 +227,7 @@ fn main() -> ExitCode {
                 host,
                 timing_defaults,
                 user_agent,
+                exec_mode,
             } => {
                 let options = CheckOptions {
                     file,
@@ -219,6 +236,7 @@ fn main() -> ExitCode {
                     host,
                     timing_defaults,
                     user_agent,
+                    exec_mode,
                 };
                 check::run(options).await.unwrap_or_else(|e| {
                     eprintln!("podprobe check: {e}");
@@ -243,6 +261,7 @@ fn main() -> ExitCode {
                     prune_conditions: args.prune_conditions,
                     events: args.events,
                     metrics_addr: args.metrics_addr,
+                    exec_mode: args.exec_mode,
                 };
                 match sidecar::run(options, termination()).await {
                     Ok(()) => ExitCode::SUCCESS,

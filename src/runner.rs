@@ -331,6 +331,8 @@ impl<A: Attempter> Worker<A> {
         if Instant::now() < self.delay_deadline(state, started) {
             return;
         }
+        // Exec modes that run in the target container follow its current instance.
+        self.target.container_id = view.container_id().map(str::to_owned);
         let at = Timestamp::now();
         let attempt_start = Instant::now();
         let result = self
@@ -560,6 +562,8 @@ impl<A: Attempter> Runner<A> {
             target: Target {
                 host: self.config.host.clone(),
                 container_ports: ports.to_vec(),
+                container_name: spec.container_name.clone(),
+                container_id: None,
             },
             spec: spec.clone(),
             prober: self.prober.clone(),

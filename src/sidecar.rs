@@ -16,7 +16,7 @@ use crate::condition::{ConditionBook, delete_conditions_patch};
 use crate::events::EventSink;
 use crate::metrics::Metrics;
 use crate::pod::{self, PodIdentity, PodView, SourceKind};
-use crate::probe::Prober;
+use crate::probe::{ApiExec, ExecConfig, ExecMode, Prober};
 use crate::runner::{Event, ProbeId, Runner, RunnerConfig, TimingDefaults};
 
 /// Everything `run` is configured with.
@@ -35,6 +35,8 @@ pub struct SidecarOptions {
     pub prune_conditions: bool,
     pub events: bool,
     pub metrics_addr: Option<SocketAddr>,
+    /// Where exec probes run (`api` and `auto` exec into this pod with the sidecar's client).
+    pub exec_mode: ExecMode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +134,14 @@ pub async fn run(
         last_annotation: None,
         probes: Vec::new(),
         metrics: metrics.clone(),
+        exec: ExecConfig {
+            mode: options.exec_mode,
+            api: Some(ApiExec::new(
+                client.clone(),
+                &options.identity.namespace,
+                options.identity.name.clone(),
+            )),
+        },
         writer: writer.clone(),
         pods,
         uid: options.identity.uid.clone(),
@@ -205,6 +215,7 @@ struct Sidecar {
     /// Probes currently running (for refresh and pruning).
     probes: Vec<ProbeId>,
     metrics: Metrics,
+    exec: ExecConfig,
     writer: ConditionWriter,
     pods: Api<Pod>,
     uid: Option<String>,
@@ -235,14 +246,14 @@ impl Sidecar {
                 .clone()
                 .or_else(|| view.pod_ip.clone())
                 .unwrap_or_else(|| "127.0.0.1".into());
-            tracing::info!(%host, "network probes aim at {host}");
+            tracing::info!(%host, exec_mode = %self.options.exec_mode, "network probes aim at {host}; exec probes run in {} mode", self.options.exec_mode);
             let config = RunnerConfig {
                 timing_defaults: self.options.timing_defaults,
                 host,
                 ..RunnerConfig::default()
             };
             Runner::new(
-                Prober::new(self.options.user_agent.clone()),
+                Prober::new(self.options.user_agent.clone()).with_exec(self.exec.clone()),
                 config,
                 event_tx.clone(),
             )

@@ -841,6 +841,7 @@ async fn h31_named_ports() {
             container_port: port.into(),
             ..Default::default()
         }],
+        ..Default::default()
     };
     let prober = Prober::default();
     let mut a = action("/", &[]);

@@ -134,6 +134,7 @@ fn target_with_port(name: &str, port: u16) -> Target {
             container_port: port.into(),
             ..Default::default()
         }],
+        ..Default::default()
     }
 }
 

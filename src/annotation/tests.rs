@@ -88,6 +88,7 @@ fn tv04_named_ports_stay_names_and_must_exist_in_the_container() {
     let target = crate::probe::Target {
         host: "127.0.0.1".into(),
         container_ports: containers.ports["main"].clone(),
+        ..Default::default()
     };
     assert_eq!(target.resolve_port(&http.port).unwrap(), 80);
     let Handler::Tcp(tcp) = &set.probes[1].handler else {

@@ -24,6 +24,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ContainerPort;
 
+pub use exec::{ApiExec, ExecConfig, ExecMode};
+
 /// Longest condition message podprobe writes, in bytes (OpenKruise's limit, cut on a char
 /// boundary instead of mid-character).
 pub const MAX_MESSAGE_BYTES: usize = 1024;
@@ -104,20 +106,26 @@ impl Handler {
     }
 }
 
-/// What an attempt is aimed at: the pod's address and the target container's declared ports.
+/// What an attempt is aimed at: the pod's address and the target container (its name, declared
+/// ports and, when the pod status is known, its current `containerID`).
 #[derive(Debug, Clone, Default)]
 pub struct Target {
     /// Pod IP (or `127.0.0.1`, or what `--host` says). An IP literal or a DNS name.
     pub host: String,
     /// `spec.containers[].ports` of the target container, for named-port resolution.
     pub container_ports: Vec<ContainerPort>,
+    /// The probe's `containerName` (where `procfs` and `api` exec modes run the command).
+    pub container_name: String,
+    /// `containerStatuses[].containerID` of the target container (`containerd://<hex>`), when
+    /// the pod status is known. Changes when the container restarts.
+    pub container_id: Option<String>,
 }
 
 impl Target {
     pub fn new(host: impl Into<String>) -> Self {
         Target {
             host: host.into(),
-            container_ports: Vec::new(),
+            ..Target::default()
         }
     }
 
@@ -194,6 +202,11 @@ pub enum AttemptError {
     },
     #[error("reading the HTTP response body failed: {0}")]
     HttpBody(String),
+    /// The exec mode cannot work in this pod (no shared PID namespace, missing capability,
+    /// RBAC, ...). `auto` falls back to the next mode on this error; with an explicit mode it
+    /// is an errored attempt.
+    #[error("exec mode {mode} cannot run here: {reason}")]
+    ModeUnavailable { mode: ExecMode, reason: String },
     #[error("{0}")]
     Other(String),
 }
@@ -252,6 +265,7 @@ pub fn go_duration(d: Duration) -> String {
 #[derive(Debug, Clone)]
 pub struct Prober {
     http: http::HttpProber,
+    exec: exec::Executor,
 }
 
 impl Default for Prober {
@@ -264,7 +278,20 @@ impl Prober {
     pub fn new(user_agent: impl Into<String>) -> Self {
         Prober {
             http: http::HttpProber::new(user_agent.into()),
+            exec: exec::Executor::new(ExecConfig::default()),
         }
+    }
+
+    /// Where exec probes run (default: `local`).
+    pub fn with_exec(mut self, config: ExecConfig) -> Self {
+        self.exec = exec::Executor::new(config);
+        self
+    }
+
+    /// The mode exec probes against `target` run in now (`auto` decides on first use, and
+    /// again after the container restarts or a mode turned out not to work).
+    pub fn exec_mode_for(&self, target: &Target) -> ExecMode {
+        self.exec.mode_for(target)
     }
 
     /// One attempt of `handler` against `target`, bounded by `timeout`.
@@ -275,7 +302,7 @@ impl Prober {
         timeout: Duration,
     ) -> Result<Observation, AttemptError> {
         let observation = match handler {
-            Handler::Exec(action) => exec::attempt(action, timeout).await?,
+            Handler::Exec(action) => self.exec.attempt(action, target, timeout).await?,
             Handler::Tcp(action) => {
                 let port = target.resolve_port(&action.port)?;
                 tcp::attempt(&target.host, port, timeout).await
@@ -352,6 +379,7 @@ mod tests {
         let target = Target {
             host: "127.0.0.1".into(),
             container_ports: vec![named("main-port", 80), named("main-port", 81)],
+            ..Target::default()
         };
         assert_eq!(
             target

@@ -1,4 +1,14 @@
-//! exec probes (local mode: the command runs as a child of podprobe).
+//! exec probes: where the command runs ([`ExecMode`]) and the shared runner.
+//!
+//! Modes (`--exec-mode`, docs/protocol.md §3):
+//! - `local`: the command runs as a child of podprobe, in the sidecar's own container;
+//! - `procfs` ([`procfs`]): chrooted into the target container's main process' root, with its
+//!   environment, working directory and ids (needs `shareProcessNamespace`, `CAP_SYS_CHROOT`);
+//! - `api` ([`api`]): the apiserver's `pods/exec` into the target container;
+//! - `auto`: per target container, the first of procfs → api → local that can work (see
+//!   [`Executor`]).
+//!
+//! The runner ([`run`], used by `local` and `procfs`):
 //!
 //! - argv is executed verbatim: no shell, no `$(VAR)` expansion (OpenKruise passes the command
 //!   as is, unlike kubelet).
@@ -24,6 +34,48 @@ use tokio::net::unix::pipe;
 
 use super::{AttemptError, ExecAction, MAX_READ_BYTES, Observation, go_duration, reaper};
 
+pub mod api;
+mod auto;
+mod enter;
+pub mod procfs;
+
+pub use api::ApiExec;
+pub(crate) use auto::Executor;
+
+/// Where exec probes run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum ExecMode {
+    /// Per target container: procfs when its process is visible and chroot is permitted, else
+    /// api when configured and allowed, else local. Logged once per container.
+    Auto,
+    /// chroot into the target container's main process (`shareProcessNamespace: true`).
+    Procfs,
+    /// The apiserver's `pods/exec` into the target container.
+    Api,
+    /// In the sidecar's own container.
+    #[default]
+    Local,
+}
+
+impl std::fmt::Display for ExecMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExecMode::Auto => "auto",
+            ExecMode::Procfs => "procfs",
+            ExecMode::Api => "api",
+            ExecMode::Local => "local",
+        })
+    }
+}
+
+/// How exec probes are run.
+#[derive(Debug, Clone, Default)]
+pub struct ExecConfig {
+    pub mode: ExecMode,
+    /// For `api` (and `auto`): the pod to exec into. `None` → `api` is unavailable.
+    pub api: Option<ApiExec>,
+}
+
 /// After SIGKILL, how long to wait for the status before giving up on it (the reaper still
 /// collects it later). Only a process stuck in uninterruptible sleep takes this long.
 const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -46,8 +98,23 @@ pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observati
         )));
     };
     let mut command = Command::new(program);
+    command.args(args);
+    run(command, &action.command, timeout).await
+}
+
+/// Runs a prepared `command` (program, args, and for `procfs` its environment and pre-exec
+/// steps) with the exec contract: null stdin, piped and capped output, its own process group,
+/// `timeout`, group kill, reaping. `argv` is the probe's command, for messages.
+pub(crate) async fn run(
+    mut command: Command,
+    argv: &[String],
+    timeout: Duration,
+) -> Result<Observation, AttemptError> {
+    let spawn_error = |source: io::Error| AttemptError::Spawn {
+        command: argv.to_vec(),
+        source,
+    };
     command
-        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -71,8 +138,7 @@ pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observati
         Err(e) => {
             let _ = killpg(pid, Signal::SIGKILL);
             return Err(AttemptError::Other(format!(
-                "cannot read the output of {:?}: {e}",
-                action.command
+                "cannot read the output of {argv:?}: {e}"
             )));
         }
     };
@@ -98,7 +164,7 @@ pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observati
         let _ = tokio::time::timeout(KILL_GRACE, exit).await;
         return Ok(Observation::failed(format!(
             "command timed out: \"{}\" timed out after {}",
-            action.command.join(" "),
+            argv.join(" "),
             go_duration(timeout)
         )));
     };
@@ -126,8 +192,7 @@ pub async fn attempt(action: &ExecAction, timeout: Duration) -> Result<Observati
         }
         other => {
             return Err(AttemptError::Other(format!(
-                "unexpected wait status {other:?} for {:?}",
-                action.command
+                "unexpected wait status {other:?} for {argv:?}"
             )));
         }
     })

@@ -1,0 +1,608 @@
+//! `procfs` exec mode: run the command inside the target container's filesystem.
+//!
+//! With `shareProcessNamespace: true` the sidecar sees the target container's processes. We
+//! find its main process, then run the command chrooted into `/proc/<pid>/root` with the
+//! target's environment (`/proc/<pid>/environ`), working directory (`/proc/<pid>/cwd`) and
+//! uid/gid/supplementary groups (`/proc/<pid>/status`), through the same runner as `local`
+//! (timeout, process-group kill, output caps, reaper).
+//!
+//! Finding the main process:
+//! 1. by `containerID`: the processes whose `/proc/<pid>/cgroup` names the container's id
+//!    (containerd, CRI-O and Docker all put it in the cgroup path); the main one is the match
+//!    whose parent is not a match (lowest pid on ties);
+//! 2. heuristic, when the id is unknown or no cgroup shows it (cgroup namespaces that hide
+//!    paths, sandboxed runtimes): the processes whose parent is outside the pod's PID namespace
+//!    (`PPid: 0`, i.e. each container's init), minus the `pause` process, minus the init of our
+//!    own container, minus kernel threads. Exactly one left → that one; none or several → the
+//!    mode is unavailable (several app containers cannot be told apart this way).
+//!
+//! Access: `/proc/<pid>/{root,cwd,environ}` are guarded by the ptrace access check, made with
+//! the caller's *filesystem* ids. When a plain open fails with `EACCES`/`EPERM` and podprobe
+//! runs as root, it retries on the same thread with `setfsuid/setfsgid` set to the target's ids
+//! (then switches back), which passes the check without `CAP_SYS_PTRACE` for a dumpable target.
+//! The root and cwd are held as `O_PATH` descriptors; the child `fchdir`s to them, so it never
+//! needs ptrace access itself (see [`super::enter`]).
+//!
+//! Needs: a shared PID namespace, `CAP_SYS_CHROOT` (in Pod Security Baseline), and
+//! `CAP_SETUID`/`CAP_SETGID` when the target's ids differ from the sidecar's.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{self, ErrorKind};
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid, getgid, getgroups, getuid, setfsgid, setfsuid};
+
+use super::enter::{Enter, Ids};
+use crate::probe::{AttemptError, ExecAction, ExecMode, Observation};
+
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
+const CAP_SYS_CHROOT: u32 = 18;
+
+/// How the main process was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoundBy {
+    /// Its `/proc/<pid>/cgroup` names the container id.
+    ContainerId,
+    /// The only other container's init process in the shared PID namespace.
+    Heuristic,
+}
+
+/// The target container's main process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Located {
+    pub pid: i32,
+    pub found_by: FoundBy,
+}
+
+impl std::fmt::Display for Located {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.found_by {
+            FoundBy::ContainerId => write!(f, "pid {} (containerID in its cgroup)", self.pid),
+            FoundBy::Heuristic => write!(
+                f,
+                "pid {} (the only other container's init process; containerID not visible in cgroups)",
+                self.pid
+            ),
+        }
+    }
+}
+
+/// What `/proc/<pid>` tells about one process (only world-readable files).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    pub comm: String,
+    pub cgroup: String,
+    /// `/proc/<pid>/cmdline` is empty: a kernel thread (or a zombie).
+    pub kernel_thread: bool,
+}
+
+/// The hex id of a `containerID` (`containerd://<hex>` → `<hex>`).
+pub fn container_id_hex(id: &str) -> &str {
+    id.rsplit_once("://").map_or(id, |(_, hex)| hex)
+}
+
+/// Reads every process under `proc` (vanishing ones are skipped).
+pub fn scan(proc: &Path) -> io::Result<Vec<ProcInfo>> {
+    let mut procs = Vec::new();
+    for entry in std::fs::read_dir(proc)?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(info) = read_info(proc, pid) {
+            procs.push(info);
+        }
+    }
+    procs.sort_by_key(|p| p.pid);
+    Ok(procs)
+}
+
+fn read_info(proc: &Path, pid: i32) -> io::Result<ProcInfo> {
+    let dir = proc.join(pid.to_string());
+    let status = std::fs::read_to_string(dir.join("status"))?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    Ok(ProcInfo {
+        pid,
+        ppid: field("PPid:").parse().unwrap_or(-1),
+        comm: field("Name:"),
+        cgroup: std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default(),
+        kernel_thread: std::fs::read(dir.join("cmdline")).map_or(true, |c| c.is_empty()),
+    })
+}
+
+/// Picks the target container's main process among `procs` (see the module docs).
+/// `self_pid` is podprobe's own pid, to rule out its own container in the heuristic.
+pub fn locate_in(
+    procs: &[ProcInfo],
+    self_pid: i32,
+    container_id: Option<&str>,
+) -> Result<Located, String> {
+    let by_pid: HashMap<i32, &ProcInfo> = procs.iter().map(|p| (p.pid, p)).collect();
+    let mut why_not_id = "the pod status gives no containerID".to_owned();
+    if let Some(id) = container_id {
+        let hex = container_id_hex(id);
+        if hex.len() >= 12 {
+            let matched: Vec<&ProcInfo> = procs.iter().filter(|p| p.cgroup.contains(hex)).collect();
+            let main = matched
+                .iter()
+                .filter(|p| !matched.iter().any(|m| m.pid == p.ppid))
+                .map(|p| p.pid)
+                .min();
+            if let Some(pid) = main {
+                return Ok(Located {
+                    pid,
+                    found_by: FoundBy::ContainerId,
+                });
+            }
+            why_not_id = format!("no process' cgroup names containerID {id}");
+        } else {
+            why_not_id = format!("containerID {id:?} is too short to match cgroups");
+        }
+    }
+    // Our own container's init: walk up from ourselves to the process whose parent is outside.
+    let mut own_init = self_pid;
+    let mut hops = 0;
+    while let Some(p) = by_pid.get(&own_init) {
+        if p.ppid <= 0 || !by_pid.contains_key(&p.ppid) || hops > 1024 {
+            break;
+        }
+        own_init = p.ppid;
+        hops += 1;
+    }
+    let candidates: Vec<&ProcInfo> = procs
+        .iter()
+        .filter(|p| p.ppid == 0 && p.pid != own_init && p.comm != "pause" && !p.kernel_thread)
+        .collect();
+    match candidates.as_slice() {
+        [one] => Ok(Located {
+            pid: one.pid,
+            found_by: FoundBy::Heuristic,
+        }),
+        [] => Err(format!(
+            "{why_not_id}, and no other container's process is visible (is shareProcessNamespace: true set on the pod?)"
+        )),
+        many => Err(format!(
+            "{why_not_id}, and {} other containers' init processes are visible ({}), which cannot be told apart",
+            many.len(),
+            many.iter()
+                .map(|p| format!("{} {}", p.pid, p.comm))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
+}
+
+/// Effective capabilities of this thread (`CapEff` in `/proc/thread-self/status`).
+fn effective_caps() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/thread-self/status")
+        .or_else(|_| std::fs::read_to_string("/proc/self/status"))
+        .ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// The ids a process runs with (effective uid/gid, supplementary groups).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcIds {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+fn read_ids(proc: &Path, pid: i32) -> io::Result<ProcIds> {
+    let status = std::fs::read_to_string(proc.join(pid.to_string()).join("status"))?;
+    let ids = |name: &str| -> Vec<u32> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| {
+                v.split_whitespace()
+                    .filter_map(|n| n.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (uid, gid) = (ids("Uid:"), ids("Gid:"));
+    match (uid.get(1), gid.get(1)) {
+        (Some(&uid), Some(&gid)) => Ok(ProcIds {
+            uid,
+            gid,
+            groups: ids("Groups:"),
+        }),
+        _ => Err(io::Error::new(
+            ErrorKind::InvalidData,
+            format!("no Uid/Gid lines in /proc/{pid}/status"),
+        )),
+    }
+}
+
+/// Runs `f`; if it fails with EACCES/EPERM and we are root, runs it again with this thread's
+/// filesystem ids set to the target's (the ptrace access check on `/proc/<pid>/*` compares
+/// them with the target's ids), then restores them. `setfsuid` is per thread and nothing else
+/// runs on this thread in between.
+fn with_target_fsids<T>(ids: &ProcIds, f: impl Fn() -> io::Result<T>) -> io::Result<T> {
+    let denied = |e: &io::Error| matches!(e.raw_os_error(), Some(n) if n == Errno::EACCES as i32 || n == Errno::EPERM as i32);
+    match f() {
+        Err(e) if denied(&e) && nix::unistd::geteuid().is_root() => {
+            let old_gid = setfsgid(Gid::from_raw(ids.gid));
+            let old_uid = setfsuid(Uid::from_raw(ids.uid));
+            let again = f();
+            setfsuid(old_uid);
+            setfsgid(old_gid);
+            again
+        }
+        other => other,
+    }
+}
+
+fn open_dir(path: &Path) -> io::Result<OwnedFd> {
+    open(
+        path,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io::Error::from)
+}
+
+fn parse_environ(raw: Vec<u8>) -> Vec<(OsString, OsString)> {
+    raw.split(|b| *b == 0)
+        .filter(|kv| !kv.is_empty())
+        .filter_map(|kv| {
+            let eq = kv.iter().position(|b| *b == b'=')?;
+            (eq > 0).then(|| {
+                (
+                    OsString::from_vec(kv[..eq].to_vec()),
+                    OsString::from_vec(kv[eq + 1..].to_vec()),
+                )
+            })
+        })
+        .collect()
+}
+
+fn vanished(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(n) if n == Errno::ENOENT as i32 || n == Errno::ESRCH as i32)
+}
+
+/// The procfs executor: locates target processes (cached per container instance) and runs
+/// commands in them.
+#[derive(Debug)]
+pub struct Procfs {
+    proc: PathBuf,
+    /// containerID (or container name when the id is unknown) → last main pid found.
+    cache: Mutex<HashMap<String, Located>>,
+}
+
+impl Default for Procfs {
+    fn default() -> Self {
+        Procfs::new("/proc")
+    }
+}
+
+fn unavailable(reason: impl Into<String>) -> AttemptError {
+    AttemptError::ModeUnavailable {
+        mode: ExecMode::Procfs,
+        reason: reason.into(),
+    }
+}
+
+impl Procfs {
+    pub fn new(proc: impl Into<PathBuf>) -> Self {
+        Procfs {
+            proc: proc.into(),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Finds the main process of the target container (`container_id` when known).
+    pub fn locate(&self, container: &str, container_id: Option<&str>) -> Result<Located, String> {
+        let key = container_id.unwrap_or(container).to_owned();
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied();
+        if let Some(located) = cached {
+            // Still the same process? (Its cgroup still names the id; for the heuristic, it is
+            // still alive with a parent outside the namespace.)
+            if let Ok(info) = read_info(&self.proc, located.pid) {
+                let same = match (located.found_by, container_id) {
+                    (FoundBy::ContainerId, Some(id)) => info.cgroup.contains(container_id_hex(id)),
+                    _ => info.ppid == 0 && !info.kernel_thread,
+                };
+                if same {
+                    return Ok(located);
+                }
+            }
+        }
+        let procs =
+            scan(&self.proc).map_err(|e| format!("cannot list {}: {e}", self.proc.display()))?;
+        let located = locate_in(&procs, std::process::id() as i32, container_id)?;
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, located);
+        Ok(located)
+    }
+
+    /// Whether the mode can work for this container, and why (for `auto`'s decision).
+    pub fn check(&self, container: &str, container_id: Option<&str>) -> Result<String, String> {
+        let located = self.locate(container, container_id)?;
+        let ids = read_ids(&self.proc, located.pid)
+            .map_err(|e| format!("cannot read /proc/{}/status: {e}", located.pid))?;
+        missing_caps(&ids)?;
+        Ok(format!("target process {located}, uid {}", ids.uid))
+    }
+
+    /// One attempt of `action` in the target container's main process.
+    pub async fn attempt(
+        &self,
+        action: &ExecAction,
+        container: &str,
+        container_id: Option<&str>,
+        timeout: Duration,
+    ) -> Result<Observation, AttemptError> {
+        let located = self.locate(container, container_id).map_err(unavailable)?;
+        attempt_in(&self.proc, located.pid, action, timeout).await
+    }
+}
+
+fn missing_caps(ids: &ProcIds) -> Result<(), String> {
+    let Some(caps) = effective_caps() else {
+        return Err("cannot read this process' capabilities".into());
+    };
+    let has = |cap: u32| caps & (1 << cap) != 0;
+    if !has(CAP_SYS_CHROOT) {
+        return Err(
+            "podprobe lacks CAP_SYS_CHROOT (add it to the sidecar's securityContext.capabilities)"
+                .into(),
+        );
+    }
+    let same_ids = ids.uid == getuid().as_raw() && ids.gid == getgid().as_raw();
+    let can_switch = has(CAP_SETUID) && has(CAP_SETGID);
+    if !same_ids && !can_switch {
+        return Err(format!(
+            "the target runs as uid {} gid {}; switching to it needs CAP_SETUID and CAP_SETGID",
+            ids.uid, ids.gid
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `action` chrooted into `/proc/<pid>/root` with the process' environment, working
+/// directory and ids. Public for tests and benchmarks (the runner goes through
+/// [`Procfs::attempt`], which also locates the process).
+pub async fn attempt_in(
+    proc: &Path,
+    pid: i32,
+    action: &ExecAction,
+    timeout: Duration,
+) -> Result<Observation, AttemptError> {
+    let Some(program) = action.command.first() else {
+        return Err(AttemptError::Spawn {
+            command: action.command.clone(),
+            source: io::Error::new(ErrorKind::InvalidInput, "empty command"),
+        });
+    };
+    let dir = proc.join(pid.to_string());
+    let gone = |e: io::Error| AttemptError::Other(format!("target process {pid} is gone: {e}"));
+    let ids = read_ids(proc, pid).map_err(|e| {
+        if vanished(&e) {
+            gone(e)
+        } else {
+            unavailable(format!("cannot read /proc/{pid}/status: {e}"))
+        }
+    })?;
+    missing_caps(&ids).map_err(unavailable)?;
+    let no_access = |what: &str, e: io::Error| {
+        if vanished(&e) {
+            return gone(e);
+        }
+        unavailable(format!(
+            "cannot open /proc/{pid}/{what}: {e} (needs the target's uid/gid and a dumpable target, or CAP_SYS_PTRACE)"
+        ))
+    };
+    let root = with_target_fsids(&ids, || open_dir(&dir.join("root")))
+        .map_err(|e| no_access("root", e))?;
+    let cwd = with_target_fsids(&ids, || open_dir(&dir.join("cwd"))).ok();
+    let environ = with_target_fsids(&ids, || std::fs::read(dir.join("environ")))
+        .map_err(|e| no_access("environ", e))?;
+
+    let switch = ids.uid != getuid().as_raw()
+        || ids.gid != getgid().as_raw()
+        || getgroups().map_or(true, |g| {
+            let mut mine: Vec<u32> = g.iter().map(|g| g.as_raw()).collect();
+            let mut theirs = ids.groups.clone();
+            mine.sort_unstable();
+            theirs.sort_unstable();
+            mine != theirs
+        });
+    let mut command = Command::new(program);
+    command
+        .args(&action.command[1..])
+        .env_clear()
+        .envs(parse_environ(environ));
+    super::enter::on_exec(
+        &mut command,
+        Enter {
+            root,
+            cwd,
+            ids: switch.then(|| Ids {
+                uid: Uid::from_raw(ids.uid),
+                gid: Gid::from_raw(ids.gid),
+                groups: ids.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
+            }),
+        },
+    );
+    match super::run(command, &action.command, timeout).await {
+        // EPERM from the pre-exec steps (chroot, setgroups, setuid): this mode cannot work
+        // here (seccomp, user namespace limits). A missing or non-executable command is
+        // ENOENT/EACCES and stays a normal errored attempt.
+        Err(AttemptError::Spawn { source, .. })
+            if source.raw_os_error() == Some(Errno::EPERM as i32) =>
+        {
+            Err(unavailable(format!(
+                "entering pid {pid}'s root and ids was refused: {source}"
+            )))
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: i32, ppid: i32, comm: &str, cgroup: &str) -> ProcInfo {
+        ProcInfo {
+            pid,
+            ppid,
+            comm: comm.into(),
+            cgroup: cgroup.into(),
+            kernel_thread: false,
+        }
+    }
+
+    const GAME: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// A pod with a shared PID namespace: pause (1), the game server (7, with a child 30) and
+    /// the sidecar (12, podprobe itself 12).
+    fn pod(game_cgroup: &str) -> Vec<ProcInfo> {
+        vec![
+            p(1, 0, "pause", "0::/../cri-containerd-aaaa.scope\n"),
+            p(7, 0, "bash", game_cgroup),
+            p(30, 7, "game", game_cgroup),
+            p(12, 0, "podprobe", "0::/\n"),
+        ]
+    }
+
+    #[test]
+    fn finds_the_main_process_by_container_id() {
+        let cg = format!("0::/../cri-containerd-{GAME}.scope\n");
+        let got = locate_in(&pod(&cg), 12, Some(&format!("containerd://{GAME}"))).unwrap();
+        assert_eq!(
+            got,
+            Located {
+                pid: 7,
+                found_by: FoundBy::ContainerId
+            }
+        );
+    }
+
+    #[test]
+    fn falls_back_to_the_only_other_container_when_cgroups_hide_the_id() {
+        let got = locate_in(&pod("0::/\n"), 12, Some(&format!("containerd://{GAME}"))).unwrap();
+        assert_eq!(
+            got,
+            Located {
+                pid: 7,
+                found_by: FoundBy::Heuristic
+            }
+        );
+        // No containerID at all (downward-API file source): same heuristic.
+        assert_eq!(locate_in(&pod("0::/\n"), 12, None).unwrap().pid, 7);
+    }
+
+    #[test]
+    fn heuristic_refuses_to_guess_between_containers() {
+        let mut procs = pod("0::/\n");
+        procs.push(p(40, 0, "redis", "0::/\n"));
+        let err = locate_in(&procs, 12, None).unwrap_err();
+        assert!(err.contains("7 bash, 40 redis"), "{err}");
+    }
+
+    #[test]
+    fn without_a_shared_pid_namespace_nothing_is_found() {
+        // Only our own container is visible: podprobe as PID 1 of its namespace.
+        let procs = vec![p(1, 0, "podprobe", "0::/\n"), p(9, 1, "sh", "0::/\n")];
+        let err = locate_in(&procs, 1, Some("containerd://0123456789abcdef")).unwrap_err();
+        assert!(err.contains("shareProcessNamespace"), "{err}");
+        // A child of ours is never mistaken for the target.
+        assert!(locate_in(&procs, 9, None).is_err());
+    }
+
+    #[test]
+    fn kernel_threads_are_not_candidates() {
+        let mut procs = pod("0::/\n");
+        procs.push(ProcInfo {
+            kernel_thread: true,
+            ..p(2, 0, "kthreadd", "0::/\n")
+        });
+        assert_eq!(locate_in(&procs, 12, None).unwrap().pid, 7);
+    }
+
+    #[test]
+    fn scan_reads_a_proc_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |pid: i32, ppid: i32, name: &str, cgroup: &str, cmdline: &str| {
+            let d = dir.path().join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("status"),
+                format!("Name:\t{name}\nPPid:\t{ppid}\nUid:\t0\t1000\t0\t1000\nGid:\t0\t2000\t0\t2000\nGroups:\t3 4 \n"),
+            )
+            .unwrap();
+            std::fs::write(d.join("cgroup"), cgroup).unwrap();
+            std::fs::write(d.join("cmdline"), cmdline).unwrap();
+        };
+        write(1, 0, "pause", "0::/pause\n", "/pause\0");
+        write(
+            5,
+            0,
+            "game",
+            &format!("0::/kubepods/docker-{GAME}.scope\n"),
+            "game\0",
+        );
+        std::fs::create_dir_all(dir.path().join("self")).unwrap();
+        let procs = scan(dir.path()).unwrap();
+        assert_eq!(procs.len(), 2);
+        let procfs = Procfs::new(dir.path());
+        let got = procfs
+            .locate("game", Some(&format!("docker://{GAME}")))
+            .unwrap();
+        assert_eq!(got.pid, 5);
+        assert_eq!(
+            read_ids(dir.path(), 5).unwrap(),
+            ProcIds {
+                uid: 1000,
+                gid: 2000,
+                groups: vec![3, 4]
+            }
+        );
+    }
+
+    #[test]
+    fn environ_parses_nul_separated_pairs() {
+        let env = parse_environ(b"A=1\0PATH=/bin:/usr/bin\0EMPTY=\0=bad\0noeq\0".to_vec());
+        let env: Vec<(String, String)> = env
+            .into_iter()
+            .map(|(k, v)| (k.into_string().unwrap(), v.into_string().unwrap()))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("A".to_owned(), "1".to_owned()),
+                ("PATH".to_owned(), "/bin:/usr/bin".to_owned()),
+                ("EMPTY".to_owned(), String::new()),
+            ]
+        );
+    }
+}

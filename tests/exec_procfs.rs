@@ -1,0 +1,297 @@
+//! `procfs` exec mode against a real process running chrooted in a prepared root directory,
+//! as a non-root uid, so `/proc/<pid>/root` differs from ours.
+//!
+//! Needs root (chroot, setuid); the tests print `SKIP: <reason>` and pass only where the
+//! machine forbids chroot. Every child is spawned through podprobe's reaper.
+#[path = "support/rootfs.rs"]
+mod rootfs;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use podprobe::probe::exec::procfs;
+use podprobe::probe::{
+    AttemptError, ExecAction, ExecConfig, ExecMode, Handler, Observation, Outcome, Prober, Target,
+    reaper,
+};
+use rootfs::{TARGET_UID, TargetProcess};
+
+const SEC: Duration = Duration::from_secs(1);
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    target: TargetProcess,
+}
+
+async fn fixture() -> Option<Fixture> {
+    if let Some(why) = rootfs::cannot_chroot() {
+        eprintln!("SKIP: {why}");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    rootfs::build(&root).await;
+    let target = TargetProcess::start(&root).await;
+    Some(Fixture {
+        _dir: dir,
+        root,
+        target,
+    })
+}
+
+fn cmd(argv: &[&str]) -> ExecAction {
+    ExecAction {
+        command: argv.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+async fn in_target(
+    pid: i32,
+    action: ExecAction,
+    timeout: Duration,
+) -> Result<Observation, AttemptError> {
+    procfs::attempt_in(Path::new("/proc"), pid, &action, timeout).await
+}
+
+/// The probe sees the target's files, environment, working directory and runs as its uid/gid.
+#[tokio::test]
+async fn runs_with_the_targets_root_env_cwd_and_ids() {
+    let Some(f) = fixture().await else { return };
+    let obs = in_target(
+        f.target.pid,
+        cmd(&[
+            "sh",
+            "-c",
+            "echo \"$GAME_MODE\"; pwd; id -u; id -g; cat only-in-target; test -e /usr && echo sidecar-root-visible; true",
+        ]),
+        5 * SEC,
+    )
+    .await
+    .unwrap();
+    assert_eq!(obs.outcome, Outcome::Succeeded, "{obs:?}");
+    assert_eq!(
+        obs.message,
+        format!("idle\n/data\n{TARGET_UID}\n{TARGET_UID}\ntarget-file")
+    );
+    // And the sidecar's own environment did not leak in.
+    let obs = in_target(
+        f.target.pid,
+        cmd(&["sh", "-c", "printf '%s' \"$HOME$CARGO\""]),
+        5 * SEC,
+    )
+    .await
+    .unwrap();
+    assert_eq!(obs.message, "");
+}
+
+/// A script that exists only in the target's root succeeds in procfs mode (by path and through
+/// the target's PATH), and cannot even start in local mode.
+#[tokio::test]
+async fn a_script_only_in_the_target_root_succeeds() {
+    let Some(f) = fixture().await else { return };
+    let by_path = in_target(f.target.pid, cmd(&["/data/probe.sh"]), 5 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(by_path, Observation::succeeded("in-target:idle"));
+    let by_path_lookup = in_target(f.target.pid, cmd(&["probe.sh"]), 5 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(by_path_lookup, Observation::succeeded("in-target:idle"));
+    let bash_style = in_target(f.target.pid, cmd(&["sh", "/data/probe.sh"]), 5 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(bash_style, Observation::succeeded("in-target:idle"));
+
+    let local = podprobe::probe::exec::attempt(&cmd(&["/data/probe.sh"]), 5 * SEC).await;
+    assert!(
+        matches!(local, Err(AttemptError::Spawn { .. })),
+        "{local:?}"
+    );
+}
+
+/// Exit codes, stderr and missing commands behave as in local mode.
+#[tokio::test]
+async fn failures_and_missing_commands() {
+    let Some(f) = fixture().await else { return };
+    let obs = in_target(
+        f.target.pid,
+        cmd(&["sh", "-c", "echo out; echo broken >&2; exit 3"]),
+        5 * SEC,
+    )
+    .await
+    .unwrap();
+    assert_eq!(obs, Observation::failed("broken\n"));
+    // Exists on this machine, not in the target: a normal errored attempt, not "mode unavailable".
+    let err = in_target(f.target.pid, cmd(&["ls"]), 5 * SEC)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, AttemptError::Spawn { .. }), "{err:?}");
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie still has a /proc entry; "gone" means reaped.
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Timeout: Failed with the local message, the whole group (a background grandchild included)
+/// is killed and reaped; no zombies remain and the target itself lives on.
+#[tokio::test]
+async fn timeout_kills_the_whole_group_without_zombies() {
+    let Some(f) = fixture().await else { return };
+    let orphans = reaper::orphans_reaped();
+    let script = "sleep 30 & echo $! > /tmp/bg; sleep 30";
+    let started = Instant::now();
+    let obs = in_target(f.target.pid, cmd(&["sh", "-c", script]), SEC)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < 5 * SEC, "{:?}", started.elapsed());
+    assert_eq!(obs.outcome, Outcome::Failed);
+    assert_eq!(
+        obs.message,
+        format!("command timed out: \"sh -c {script}\" timed out after 1s")
+    );
+    let bg: i32 = std::fs::read_to_string(f.root.join("tmp/bg"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut orphans = orphans;
+    let gone = async {
+        while alive(bg) {
+            let seen = *orphans.borrow_and_update();
+            let _ = tokio::time::timeout(SEC, orphans.wait_for(|n| *n > seen)).await;
+        }
+    };
+    tokio::time::timeout(10 * SEC, gone)
+        .await
+        .unwrap_or_else(|_| panic!("background child {bg} survived the timeout kill"));
+    assert_eq!(rootfs::zombie_children(), Vec::<i32>::new());
+    assert!(
+        alive(f.target.pid),
+        "the target process must not be touched"
+    );
+}
+
+/// The whole path through `Prober` in `procfs` mode: the target is found by its containerID in
+/// `/proc/<pid>/cgroup` (we put it in a cgroup named like containerd's), and `auto` picks
+/// procfs for it. Skips (printing why) when no writable cgroup2 hierarchy is mounted.
+#[tokio::test]
+async fn prober_finds_the_target_by_container_id() {
+    let Some(f) = fixture().await else { return };
+    let hex = format!("{:064x}", u128::from(std::process::id()) << 64 | 0xfeed);
+    let Some(cgroup) = Cgroup::create(&format!("cri-containerd-{hex}.scope")) else {
+        return;
+    };
+    cgroup.add(f.target.pid);
+    let target = Target {
+        container_name: "game".into(),
+        container_id: Some(format!("containerd://{hex}")),
+        ..Target::new("127.0.0.1")
+    };
+    let handler = Handler::Exec(cmd(&["/data/probe.sh"]));
+    for mode in [ExecMode::Procfs, ExecMode::Auto] {
+        let prober = Prober::default().with_exec(ExecConfig { mode, api: None });
+        let obs = prober.attempt(&handler, &target, 5 * SEC).await.unwrap();
+        assert_eq!(obs, Observation::succeeded("in-target:idle"), "{mode}");
+        assert_eq!(prober.exec_mode_for(&target), ExecMode::Procfs);
+    }
+    f.target.stop().await;
+    drop(cgroup);
+}
+
+/// A cgroup2 directory of our own, removed on drop.
+struct Cgroup {
+    parent: PathBuf,
+    path: PathBuf,
+}
+
+impl Cgroup {
+    fn create(name: &str) -> Option<Cgroup> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let Some(mount) = mountinfo.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+        }) else {
+            eprintln!("SKIP: no cgroup2 hierarchy is mounted");
+            return None;
+        };
+        let parent = mount.join(format!("podprobe-test-{}", std::process::id()));
+        let path = parent.join(name);
+        if let Err(e) = std::fs::create_dir_all(&path) {
+            eprintln!(
+                "SKIP: cannot create a cgroup under {}: {e}",
+                mount.display()
+            );
+            return None;
+        }
+        Some(Cgroup { parent, path })
+    }
+
+    fn add(&self, pid: i32) {
+        std::fs::write(self.path.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.path);
+        let _ = std::fs::remove_dir(&self.parent);
+    }
+}
+
+/// The platform notes' sequence without CAP_SYS_PTRACE (as in a default Kubernetes
+/// container): opening `/proc/<pid>/root` of a non-root target needs the fsuid switch. Runs
+/// this same test again in a child with CAP_SYS_PTRACE dropped from the bounding set (capsh).
+#[tokio::test]
+async fn works_without_cap_sys_ptrace() {
+    const INNER: &str = "PODPROBE_TEST_NO_PTRACE";
+    if std::env::var_os(INNER).is_some() {
+        let caps = std::fs::read_to_string("/proc/self/status").unwrap();
+        let eff = caps
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
+            .unwrap();
+        assert_eq!(eff & (1 << 19), 0, "CAP_SYS_PTRACE is still effective");
+        let Some(f) = fixture().await else { return };
+        let obs = in_target(
+            f.target.pid,
+            cmd(&["sh", "-c", "id -u; cat only-in-target"]),
+            5 * SEC,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            obs,
+            Observation::succeeded(format!("{TARGET_UID}\ntarget-file"))
+        );
+        return;
+    }
+    if let Some(why) = rootfs::cannot_chroot() {
+        eprintln!("SKIP: {why}");
+        return;
+    }
+    let Some(capsh) = ["/usr/sbin/capsh", "/sbin/capsh", "/usr/bin/capsh"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        eprintln!("SKIP: capsh is not installed (package libcap2-bin)");
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let mut command = std::process::Command::new(capsh);
+    command
+        .args(["--drop=cap_sys_ptrace", "--", "-c", "exec \"$@\"", "capsh"])
+        .arg(exe)
+        .args(["--exact", "works_without_cap_sys_ptrace", "--nocapture"])
+        .env(INNER, "1");
+    let (_child, exit) = reaper::spawn(&mut command).unwrap();
+    let status = exit.wait().await.unwrap();
+    assert!(
+        matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        "the test without CAP_SYS_PTRACE failed: {status:?}"
+    );
+}
