@@ -50,7 +50,12 @@ fn cpu_ticks(pid: u32) -> u64 {
     let after = stat.rsplit(')').next().unwrap_or("");
     let fields: Vec<&str> = after.split_whitespace().collect();
     // fields[0] is state (field 3); utime is field 14, stime field 15, cutime 16, cstime 17.
-    let get = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let get = |i: usize| {
+        fields
+            .get(i - 3)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     get(14) + get(15) + get(16) + get(17)
 }
 
@@ -154,7 +159,14 @@ async fn main() {
     })
     .unwrap();
     let mut run = Command::new(&bin)
-        .args(["run", "--pod-name", "bench", "--pod-namespace", "bench", "--events=false"])
+        .args([
+            "run",
+            "--pod-name",
+            "bench",
+            "--pod-namespace",
+            "bench",
+            "--events=false",
+        ])
         .env("KUBECONFIG", &kubeconfig)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -183,7 +195,10 @@ async fn main() {
 
     let per_hour = writes_steady as f64 * 3600.0 / STEADY.as_secs_f64();
     println!("podprobe footprint, 10 probes (4 exec, 3 tcp, 3 http), period 1 s, release build\n");
-    println!("{:<34} {:>10} {:>10} {:>14}", "process", "RSS MiB", "peak MiB", "CPU ms/s");
+    println!(
+        "{:<34} {:>10} {:>10} {:>14}",
+        "process", "RSS MiB", "peak MiB", "CPU ms/s"
+    );
     for (name, m) in [
         ("baseline: run, no cluster, idle", &baseline),
         ("check (no cluster)", &checked),
@@ -205,6 +220,9 @@ async fn main() {
         "CPU per probe attempt in run mode: {:.3} ms (10 attempts/s, exec children included)",
         steady.cpu_ms_per_s / 10.0
     );
-    println!("apiserver writes in {}s of steady state: {writes_steady} (→ {per_hour:.0} per hour; target 0)", STEADY.as_secs());
+    println!(
+        "apiserver writes in {}s of steady state: {writes_steady} (→ {per_hour:.0} per hour; target 0)",
+        STEADY.as_secs()
+    );
     println!("apiserver writes for one transition: {per_transition} (target 1)");
 }
