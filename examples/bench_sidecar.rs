@@ -18,6 +18,10 @@ use serde_json::json;
 const STEADY: Duration = Duration::from_secs(20);
 
 fn binary() -> PathBuf {
+    // PODPROBE_BIN measures another build (e.g. the static musl one the image ships).
+    if let Some(bin) = std::env::var_os("PODPROBE_BIN") {
+        return PathBuf::from(bin);
+    }
     // target/release/examples/bench_sidecar -> target/release/podprobe
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(|p| p.parent()).expect("target dir");
@@ -30,8 +34,8 @@ fn binary() -> PathBuf {
     bin
 }
 
-/// (VmRSS KiB, VmHWM KiB) of a process.
-fn memory(pid: u32) -> (u64, u64) {
+/// (VmRSS, VmHWM, RssAnon, RssFile) of a process, in KiB.
+fn memory(pid: u32) -> (u64, u64, u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         status
@@ -41,7 +45,12 @@ fn memory(pid: u32) -> (u64, u64) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    (
+        field("VmRSS:"),
+        field("VmHWM:"),
+        field("RssAnon:"),
+        field("RssFile:"),
+    )
 }
 
 /// utime + stime of a process, in clock ticks (100 Hz on Linux).
@@ -82,6 +91,8 @@ fn annotation(flag_dir: &std::path::Path, tcp: u16, http: u16) -> String {
 struct Measured {
     rss_kib: u64,
     hwm_kib: u64,
+    anon_kib: u64,
+    file_kib: u64,
     cpu_ms_per_s: f64,
 }
 
@@ -91,10 +102,12 @@ fn measure(child: &Child, window: Duration) -> Measured {
     let start = Instant::now();
     std::thread::sleep(window);
     let cpu_ms = (cpu_ticks(pid) - t0) as f64 * 10.0;
-    let (rss, hwm) = memory(pid);
+    let (rss, hwm, anon, file) = memory(pid);
     Measured {
         rss_kib: rss,
         hwm_kib: hwm,
+        anon_kib: anon,
+        file_kib: file,
         cpu_ms_per_s: cpu_ms / start.elapsed().as_secs_f64(),
     }
 }
@@ -196,19 +209,22 @@ async fn main() {
     let per_hour = writes_steady as f64 * 3600.0 / STEADY.as_secs_f64();
     println!("podprobe footprint, 10 probes (4 exec, 3 tcp, 3 http), period 1 s, release build\n");
     println!(
-        "{:<34} {:>10} {:>10} {:>14}",
-        "process", "RSS MiB", "peak MiB", "CPU ms/s"
+        "{:<34} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "process", "RSS MiB", "peak MiB", "anon MiB", "file MiB", "CPU ms/s"
     );
     for (name, m) in [
         ("baseline: run, no cluster, idle", &baseline),
         ("check (no cluster)", &checked),
         ("run against testkit (steady)", &steady),
     ] {
+        let mib = |kib: u64| kib as f64 / 1024.0;
         println!(
-            "{:<34} {:>10.2} {:>10.2} {:>14.2}",
+            "{:<34} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
             name,
-            m.rss_kib as f64 / 1024.0,
-            m.hwm_kib as f64 / 1024.0,
+            mib(m.rss_kib),
+            mib(m.hwm_kib),
+            mib(m.anon_kib),
+            mib(m.file_kib),
             m.cpu_ms_per_s
         );
     }

@@ -207,8 +207,9 @@ fn init_logging(level: &str, format: LogFormat) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level, cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread is plenty: probes wait on sockets and child processes, never on the CPU, and
+    // every extra thread costs the sidecar memory (stacks, allocator arenas) in every pod.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
