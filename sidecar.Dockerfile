@@ -14,8 +14,8 @@ RUN rustup target add x86_64-unknown-linux-musl \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --target x86_64-unknown-linux-musl -p podprobe --bin podprobe \
- && cp target/x86_64-unknown-linux-musl/release/podprobe /podprobe
+RUN cargo build --profile sidecar --locked --target x86_64-unknown-linux-musl -p podprobe --bin podprobe \
+ && cp target/x86_64-unknown-linux-musl/sidecar/podprobe /podprobe
 
 FROM ${BASE}
 COPY --from=build /podprobe /usr/local/bin/podprobe
