@@ -6,13 +6,14 @@
 //! - `procfs`: the same command chrooted into a real target
 //!   process running as uid 4242 in a minimal root built in a temp dir (needs root; skipped
 //!   otherwise);
-//! - `api`: pods/exec over WebSocket through kube-rs to an in-process exec endpoint that runs
-//!   the command locally (tests/support/exec_server.rs).
+//! - `api`: pods/exec over WebSocket (v5.channel.k8s.io) through kube-rs to testkit's
+//!   in-process `pods/exec` endpoint, which runs the command locally through podprobe's reaper
+//!   (tests/support/exec_kit.rs). Includes testkit's authorization, journal and routing.
 //!
 //! CPU = user+sys of this process (getrusage SELF; for `api` this *includes the in-process
 //! endpoint's side*) plus that of its reaped children (RUSAGE_CHILDREN: the probe commands).
-#[path = "../tests/support/exec_server.rs"]
-mod exec_server;
+#[path = "../tests/support/exec_kit.rs"]
+mod exec_kit;
 #[path = "../tests/support/rootfs.rs"]
 mod rootfs;
 
@@ -110,8 +111,8 @@ async fn main() {
         }
     };
 
-    let server = exec_server::ExecServer::start().await;
-    let api = ApiExec::new(server.client(), "default", "bench");
+    let server = exec_kit::start().await;
+    let api = ApiExec::new(server.client(), exec_kit::NS, exec_kit::POD);
     rows.push(
         measure("api", n, || async {
             api.attempt(&action, "game", timeout).await.unwrap().outcome
@@ -137,6 +138,6 @@ async fn main() {
         );
     }
     println!(
-        "(api: own CPU includes the in-process exec endpoint, i.e. the apiserver+kubelet stand-in)"
+        "(api: own CPU includes testkit's in-process pods/exec endpoint, i.e. the apiserver+kubelet stand-in)"
     );
 }

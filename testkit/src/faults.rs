@@ -39,10 +39,19 @@ pub enum Action {
         /// Events sent before the server closes the stream.
         events: usize,
     },
+    /// For a `pods/exec` stream: after this many bytes of command output
+    /// (stdout and stderr together; 0: right after the upgrade), the
+    /// connection is dropped without a status or a close frame. Other
+    /// requests are handled normally.
+    DropExecStreamAfter {
+        /// Output bytes forwarded before the drop.
+        bytes: u64,
+    },
 }
 
 /// A fault rule. Build one with [`Fault::status`], [`Fault::too_many_requests`],
-/// [`Fault::delay`], [`Fault::reset`] or [`Fault::end_watch_after`], then
+/// [`Fault::delay`], [`Fault::reset`], [`Fault::end_watch_after`] or
+/// [`Fault::drop_exec_stream_after`], then
 /// narrow it with [`method`](Fault::method), [`path_contains`](Fault::path_contains),
 /// [`content_type`](Fault::content_type), [`watch`](Fault::watch) and
 /// [`times`](Fault::times). JSON form (for `POST /testkit/faults`):
@@ -114,6 +123,11 @@ impl Fault {
     /// End matching watches after `events` events.
     pub fn end_watch_after(events: usize) -> Self {
         Self::new(Action::EndWatchAfter { events }).watch()
+    }
+
+    /// Drop matching `pods/exec` streams after `bytes` bytes of output.
+    pub fn drop_exec_stream_after(bytes: u64) -> Self {
+        Self::new(Action::DropExecStreamAfter { bytes }).path_contains("/exec")
     }
 
     /// Only requests with this method.
@@ -215,6 +229,10 @@ impl Faults {
                 continue;
             }
             if matches!(rule.action, Action::EndWatchAfter { .. }) && !is_watch {
+                continue;
+            }
+            if matches!(rule.action, Action::DropExecStreamAfter { .. }) && !path.ends_with("/exec")
+            {
                 continue;
             }
             if let Some(n) = rule.times.as_mut() {

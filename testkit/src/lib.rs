@@ -23,6 +23,7 @@
 pub mod auth;
 pub mod discovery;
 pub mod error;
+pub mod exec;
 pub mod faults;
 pub mod journal;
 pub mod openapi;
@@ -50,6 +51,7 @@ use tokio::task::JoinHandle;
 
 pub use auth::{ADMIN_TOKEN, ADMIN_USER, Rule, User};
 pub use error::{ApiError, Error};
+pub use exec::{ExecExit, ExecIo, ExecRequest, ExecRunner, SpawnRunner, TokioRunner};
 pub use faults::{Action, Fault, Faults};
 pub use journal::{Entry, Journal};
 use resources::ResourceDef;
@@ -105,6 +107,7 @@ impl Builder {
             auth: auth::Auth::default(),
             bookmark_interval: self.bookmark_interval,
             address: format!("127.0.0.1:{port}"),
+            exec: exec::ExecState::default(),
         });
         let api = ApiServer {
             shared,
@@ -212,6 +215,26 @@ impl ApiServer {
     /// The fault rules.
     pub fn faults(&self) -> &Faults {
         &self.shared.faults
+    }
+
+    /// Run `pods/exec` commands with `runner` from now on (default:
+    /// [`TokioRunner`], which spawns them on this machine with tokio).
+    pub fn set_exec_runner(&self, runner: Arc<dyn ExecRunner>) {
+        self.shared.exec.set_runner(runner);
+    }
+
+    /// Turn the apiserver's v5 stream translator on (default, as Kubernetes
+    /// 1.30+) or off (older servers, or the `TranslateStreamCloseWebsocketRequests`
+    /// gate off): then `pods/exec` negotiates as the kubelet alone, so a client
+    /// offering `v5, v4` gets `v4`.
+    pub fn set_exec_v5(&self, on: bool) {
+        self.shared.exec.set_v5(on);
+    }
+
+    /// Every `pods/exec` request that was upgraded, in order, with the
+    /// negotiated subprotocol.
+    pub fn exec_requests(&self) -> Vec<ExecRequest> {
+        self.shared.exec.requests()
     }
 
     /// Map a bearer token to a user with `extra` attributes (e.g.

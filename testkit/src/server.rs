@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 use crate::auth::{Attributes, Auth, User};
 use crate::discovery;
 use crate::error::ApiError;
+use crate::exec;
 use crate::faults::{Action, Fault, Faults};
 use crate::journal::{Entry, Journal};
 use crate::openapi;
@@ -40,6 +41,7 @@ pub(crate) struct Shared {
     pub auth: Auth,
     pub bookmark_interval: Duration,
     pub address: String,
+    pub exec: crate::exec::ExecState,
 }
 
 /// The error a handler returns to make hyper drop the connection.
@@ -65,16 +67,22 @@ pub(crate) async fn serve(
         let shared = shared.clone();
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
-            let svc = service_fn(move |req| handle(shared.clone(), req));
+            let stop_for_handler = stop.clone();
+            let svc = service_fn(move |req| handle(shared.clone(), req, stop_for_handler.clone()));
             let conn = http1::Builder::new()
                 .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), svc);
+                .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades();
             tokio::select! {
                 _ = conn => {}
                 _ = stop.wait_for(|s| *s) => {}
             }
         });
     }
+}
+
+pub(crate) fn empty() -> Body {
+    full(Bytes::new())
 }
 
 fn full(b: impl Into<Bytes>) -> Body {
@@ -119,8 +127,12 @@ struct Req {
     user: User,
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Reset> {
-    let (parts, body) = req.into_parts();
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+    stop: watch::Receiver<bool>,
+) -> Result<Response<Body>, Reset> {
+    let (mut parts, body) = req.into_parts();
     let body = body
         .collect()
         .await
@@ -165,6 +177,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     };
 
     let mut end_watch_after = None;
+    let mut drop_exec_after = None;
     for action in shared.faults.take(
         parts.method.as_str(),
         &path,
@@ -195,6 +208,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
                 return Ok(error_response(&e));
             }
             Action::EndWatchAfter { events } => end_watch_after = Some(events),
+            Action::DropExecStreamAfter { bytes } => drop_exec_after = Some(bytes),
         }
     }
 
@@ -204,6 +218,23 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         shared.journal.record(entry);
         return Ok(error_response(&e));
     };
+    if let Some((ns, name)) = exec::parse_path(&path) {
+        let resp = exec_request(
+            &shared,
+            &ns,
+            &name,
+            &mut parts,
+            &query,
+            &user,
+            drop_exec_after,
+            stop,
+        )
+        .unwrap_or_else(|e| error_response(&e));
+        entry.status = resp.status().as_u16();
+        entry.fault |= drop_exec_after.is_some() && entry.status == 101;
+        shared.journal.record(entry);
+        return Ok(resp);
+    }
     let req = Req {
         method: parts.method,
         path,
@@ -219,6 +250,41 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
     entry.status = resp.status().as_u16();
     shared.journal.record(entry);
     Ok(resp)
+}
+
+/// `pods/exec`: authorization (`create pods/exec`), then the endpoint.
+#[allow(clippy::too_many_arguments)]
+fn exec_request(
+    shared: &Arc<Shared>,
+    ns: &str,
+    name: &str,
+    parts: &mut http::request::Parts,
+    query: &str,
+    user: &User,
+    drop_after: Option<u64>,
+    stop: watch::Receiver<bool>,
+) -> Result<Response<Body>, ApiError> {
+    let attrs = Attributes {
+        verb: "create",
+        group: "",
+        resource: "pods",
+        subresource: "exec",
+        namespace: ns,
+        name,
+    };
+    if !shared.auth.authorize(user, &attrs) {
+        return Err(ApiError::forbidden(
+            &user.name, "create", "", "pods", "exec", ns, name,
+        ));
+    }
+    let incoming = exec::Incoming {
+        method: &parts.method,
+        headers: &parts.headers,
+        query,
+        upgrade: parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
+        user: user.name.clone(),
+    };
+    exec::handle(shared, ns, name, incoming, drop_after, stop)
 }
 
 /// `/testkit/journal` (GET: JSON lines; DELETE: clear), `/testkit/faults`
