@@ -178,6 +178,7 @@ pub struct Manager {
     shutdown: CancellationToken,
     kill: CancellationToken,
     leading: watch::Receiver<bool>,
+    _fixed_leadership: Option<watch::Sender<bool>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -279,7 +280,11 @@ impl Manager {
 
         let controllers = options.mode == Mode::Standalone;
         let (leading_tx, leading) = watch::channel(controllers && options.leader.is_none());
+        // Without an elector the sender stays with the manager: a dropped sender would read as
+        // "leadership over".
+        let mut fixed_leadership = Some(leading_tx);
         if let (true, Some(leader)) = (controllers, &options.leader) {
+            let leading_tx = fixed_leadership.take().expect("sender present");
             let config = LeaseConfig::new(
                 &leader.namespace,
                 &leader.name,
@@ -315,6 +320,7 @@ impl Manager {
             shutdown,
             kill,
             leading,
+            _fixed_leadership: fixed_leadership,
             tasks,
         })
     }
@@ -387,7 +393,9 @@ async fn lead(
         tracing::info!("controllers started");
         tokio::select! {
             _ = shutdown.cancelled() => {}
-            r = leading.wait_for(|l| !*l) => { let _ = r; }
+            r = leading.wait_for(|l| !*l) => if r.is_err() {
+                // The elector is gone (killed): stop leading.
+            }
         }
         term.cancel();
         let _ = tokio::join!(pods_task, status_task);

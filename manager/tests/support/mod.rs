@@ -237,6 +237,10 @@ pub async fn start_manager(
     leader: Option<LeaderOptions>,
     injection: Option<InjectionConfig>,
 ) -> Started {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let cert = write_cert(dir, &format!("webhook-{}", rand_id()));
     let options = Options {
         mode,
@@ -281,4 +285,52 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A virtual-kubelet node.
+pub fn vk_node(name: &str) -> k8s_openapi::api::core::v1::Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"type": "virtual-kubelet"}}
+    }))
+    .unwrap()
+}
+
+/// A running pod on node `vk-1` as the manager leaves it in steady state: TV-03's
+/// annotations, condition `game.kruise.io/healthy` = `healthy`, and the matching marker label.
+pub fn steady_pod(i: usize, healthy: bool) -> Pod {
+    let status = if healthy { "True" } else { "False" };
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("gs-{i}"), "namespace": "test", "uid": format!("uid-gs-{i}"),
+            "labels": {"app": "test", "server-healthy": healthy.to_string()},
+            "annotations": {PODPROBE: TV03_PODPROBE, LIST: "ppm-test"}
+        },
+        "spec": {"nodeName": "vk-1", "containers": [{"name": "main", "image": "game:1"}]},
+        "status": {"phase": "Running", "conditions": [
+            {"type": "Initialized", "status": "True"},
+            {"type": "game.kruise.io/healthy", "status": status}
+        ]}
+    }))
+    .unwrap()
+}
+
+pub const PODPROBE: &str = "kruise.io/podprobe";
+pub const LIST: &str = "kruise.io/podprobemarker-list";
+
+/// Set the condition `game.kruise.io/healthy` of pod `name` as the sidecar would.
+pub fn set_healthy(api: &ApiServer, name: &str, healthy: bool) {
+    api.update_pod_status("test", name, |s| {
+        for c in s.conditions.iter_mut().flatten() {
+            if c.type_ == "game.kruise.io/healthy" {
+                c.status = if healthy { "True" } else { "False" }.into();
+            }
+        }
+    })
+    .unwrap();
+}
+
+pub fn label(pod: &Pod, key: &str) -> Option<String> {
+    pod.metadata.labels.as_ref()?.get(key).cloned()
 }
