@@ -235,10 +235,11 @@ impl Manager {
         }
 
         let tls = ReloadingCert::load(&options.tls_cert, &options.tls_key)?;
-        tasks.push(tokio::spawn(
-            tls.clone()
-                .watch(options.tls_reload_interval, shutdown.clone()),
-        ));
+        tasks.push(tokio::spawn(tls.clone().watch(
+            options.tls_reload_interval,
+            shutdown.clone(),
+            metrics.cert_reloads.clone(),
+        )));
 
         let hooks = Arc::new(Webhooks {
             mode: options.mode,

@@ -120,8 +120,13 @@ impl ReloadingCert {
             .clone()
     }
 
-    /// Reload every `interval` until `shutdown`.
-    pub async fn watch(self: Arc<Self>, interval: Duration, shutdown: CancellationToken) {
+    /// Reload every `interval` until `shutdown`, counting swaps in `reloads`.
+    pub async fn watch(
+        self: Arc<Self>,
+        interval: Duration,
+        shutdown: CancellationToken,
+        reloads: prometheus_client::metrics::counter::Counter,
+    ) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -131,6 +136,7 @@ impl ReloadingCert {
             }
             match self.reload() {
                 Ok(true) => {
+                    reloads.inc();
                     tracing::info!(cert = %self.cert_path.display(), "reloaded the webhook certificate")
                 }
                 Ok(false) => {}
