@@ -36,6 +36,11 @@ pub enum Command {
     /// Show the label/annotation patch the markers controller would send for the pod's current
     /// conditions (status.conditions in the pod file).
     CheckMarkers(CheckMarkersArgs),
+    /// Run the manager: the HTTPS admission webhooks (pod annotations and sidecar injection,
+    /// PodProbeMarker validation) on every replica, and in standalone mode the markers,
+    /// annotation-propagation and status controllers on the replica holding the leader Lease.
+    /// Uses the in-cluster service account, or KUBECONFIG. Stops gracefully on SIGTERM.
+    Run(Box<crate::run::RunArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -129,6 +134,8 @@ pub fn run(command: &Command) -> Result<Printed, CliError> {
         }),
         Command::Render(args) => render(args),
         Command::CheckMarkers(args) => check_markers(args),
+        // Long-running and asynchronous: `main` runs it through `crate::run::main`.
+        Command::Run(_) => Err(CliError::Output("`run` is not an offline command".into())),
     }
 }
 

@@ -1,0 +1,134 @@
+//! Manager benchmark (a program, not a test): prints figures.
+//!
+//! 1. Webhook latency: AdmissionReviews for `/mutate-pods` (TV-03 PPM + injection, so every
+//!    answer carries a patch) at a fixed rate over keep-alive HTTPS connections, as the
+//!    apiserver sends them; p50/p99/max. Target p99 ≤ 5 ms.
+//! 2. Marker throughput: N serverless pods in testkit in steady state; flip one condition on
+//!    each as fast as the sidecars would, and time until every marker patch landed. Target
+//!    ≥ 2 000 changes/s, exactly one patch per change.
+//!
+//! `cargo run --release -p podprobe-manager --example bench_manager [-- RATE SECONDS PODS]`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode};
+use support::*;
+use testkit::ApiServer;
+
+fn arg(i: usize, default: u64) -> u64 {
+    std::env::args()
+        .nth(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let rate = arg(1, 500);
+    let seconds = arg(2, 5);
+    let pods = arg(3, 10_000) as usize;
+
+    // ---- webhook latency ----
+    let api = ApiServer::builder()
+        .history_limit(100_000)
+        .start()
+        .await
+        .unwrap();
+    api.create_namespace("test").unwrap();
+    api.set_object(&vk_node("vk-1")).unwrap();
+    api.create(&ppm(&tv03_ppm())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let s = start_manager(&api, dir.path(), Mode::Standalone, None, Some(injection())).await;
+    while s.manager.ppms.namespace("test").is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut pod = app_pod("bench", "test");
+    pod.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("podprobe.io/inject".into(), "enabled".into());
+    let body = serde_json::to_vec(&pod_review(&pod, "test")).unwrap();
+    // 4 connections, round robin, like an apiserver's small pool.
+    let conns = 4;
+    let total = (rate * seconds) as usize;
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let mut handles = Vec::new();
+    let start = Instant::now() + Duration::from_millis(100);
+    for c in 0..conns {
+        let addr = s.manager.webhook_addr;
+        let ca = s.cert.cert_pem.clone();
+        let body = body.clone();
+        handles.push(tokio::spawn(async move {
+            let mut client = HttpsClient::connect(addr, &ca).await.unwrap();
+            // Warm-up.
+            for _ in 0..20 {
+                client.post(MUTATE_PODS_PATH, body.clone()).await;
+            }
+            let mut lat = Vec::new();
+            let mut i = c;
+            while i < total {
+                let at = start + interval * i as u32;
+                tokio::time::sleep_until(at.into()).await;
+                let t = Instant::now();
+                let (status, _) = client.post(MUTATE_PODS_PATH, body.clone()).await;
+                assert_eq!(status, 200);
+                lat.push(t.elapsed());
+                i += conns;
+            }
+            lat
+        }));
+    }
+    let mut lat: Vec<Duration> = Vec::new();
+    for h in handles {
+        lat.extend(h.await.unwrap());
+    }
+    lat.sort();
+    println!(
+        "webhook /mutate-pods: {} requests at {rate}/s over HTTPS keep-alive: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms (target p99 <= 5 ms)",
+        lat.len(),
+        percentile(&lat, 0.50).as_secs_f64() * 1e3,
+        percentile(&lat, 0.99).as_secs_f64() * 1e3,
+        lat.last().unwrap().as_secs_f64() * 1e3,
+    );
+    s.manager.shutdown().await;
+
+    // ---- marker throughput ----
+    for i in 0..pods {
+        api.set_object(&steady_pod(i, true)).unwrap();
+    }
+    let s = start_manager(&api, dir.path(), Mode::Standalone, None, None).await;
+    while s.manager.metrics.pod_reconciles.get() < pods as u64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    api.journal().clear();
+    let t = Instant::now();
+    for i in 0..pods {
+        set_healthy(&api, &format!("gs-{i}"), false);
+    }
+    let flipped = t.elapsed();
+    let done = api
+        .journal()
+        .wait_for_count("PATCH", "pods", pods, Duration::from_secs(120))
+        .await;
+    let elapsed = t.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let patches = api.journal().count("PATCH", "pods");
+    println!(
+        "markers: {pods} condition changes (written in {:.2} s) handled in {:.2} s = {:.0} changes/s, {patches} pod patches{} (target >= 2000/s, one patch per change)",
+        flipped.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        pods as f64 / elapsed.as_secs_f64(),
+        if done { "" } else { " (TIMED OUT)" },
+    );
+    s.manager.shutdown().await;
+}

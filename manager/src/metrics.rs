@@ -1,0 +1,231 @@
+//! Prometheus metrics and the plain-HTTP `/metrics`, `/healthz`, `/readyz` endpoints.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    /// `/mutate-pods` or `/validate-podprobemarkers`.
+    pub path: String,
+    /// `allowed`, `patched`, `denied`, `error` (allowed unchanged after an internal error) or
+    /// `bad_request`.
+    pub result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `ok`, `gone` (pod deleted or replaced) or `error`.
+    pub outcome: String,
+}
+
+/// Every metric the manager exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub webhook_requests: Family<WebhookLabels, Counter>,
+    pub webhook_duration: Family<PathLabel, Histogram>,
+    pub pod_patches: Family<OutcomeLabel, Counter>,
+    pub pod_reconciles: Counter,
+    pub status_updates: Family<OutcomeLabel, Counter>,
+    pub leader: Gauge,
+    pub cert_reloads: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("podprobe_manager");
+        let webhook_requests = Family::<WebhookLabels, Counter>::default();
+        let webhook_duration = Family::<PathLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ])
+        });
+        let pod_patches = Family::<OutcomeLabel, Counter>::default();
+        let pod_reconciles = Counter::default();
+        let status_updates = Family::<OutcomeLabel, Counter>::default();
+        let leader = Gauge::default();
+        let cert_reloads = Counter::default();
+        registry.register(
+            "webhook_requests",
+            "AdmissionReview requests by path and result",
+            webhook_requests.clone(),
+        );
+        registry.register(
+            "webhook_duration_seconds",
+            "Time to answer an AdmissionReview, from request head to response",
+            webhook_duration.clone(),
+        );
+        registry.register(
+            "pod_patches",
+            "Pod metadata patches sent (markers and annotation propagation) by outcome",
+            pod_patches.clone(),
+        );
+        registry.register(
+            "pod_reconciles",
+            "Pod reconciles run (each sends at most one patch)",
+            pod_reconciles.clone(),
+        );
+        registry.register(
+            "status_updates",
+            "PodProbeMarker status patches by outcome",
+            status_updates.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            leader.clone(),
+        );
+        registry.register(
+            "cert_reloads",
+            "Webhook certificate reloads",
+            cert_reloads.clone(),
+        );
+        Self {
+            registry,
+            webhook_requests,
+            webhook_duration,
+            pod_patches,
+            pod_reconciles,
+            status_updates,
+            leader,
+            cert_reloads,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn webhook(&self, path: &str, result: &str, seconds: f64) {
+        self.webhook_requests
+            .get_or_create(&WebhookLabels {
+                path: path.into(),
+                result: result.into(),
+            })
+            .inc();
+        self.webhook_duration
+            .get_or_create(&PathLabel { path: path.into() })
+            .observe(seconds);
+    }
+
+    pub fn pod_patch(&self, outcome: &str) {
+        self.pod_patches
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub fn status_update(&self, outcome: &str) {
+        self.status_updates
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// What `/readyz` reports.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    ready: AtomicBool,
+}
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+    pub fn get(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r
+}
+
+/// Serve `/metrics`, `/healthz` (always ok while the process runs) and `/readyz` (ok once the
+/// caches the webhooks read have synced) until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("metrics listener: {e}");
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        let readiness = readiness.clone();
+        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let response = match (req.method(), req.uri().path()) {
+                (&Method::GET, "/metrics") => {
+                    let mut r = text(StatusCode::OK, metrics.encode());
+                    r.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static(
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
+                    );
+                    r
+                }
+                (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
+                (&Method::GET, "/readyz") if readiness.get() => text(StatusCode::OK, "ok\n".into()),
+                (&Method::GET, "/readyz") => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "caches not synced\n".into(),
+                ),
+                _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
+            };
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,442 @@
+//! `podprobe-manager run`: the webhooks on every replica, the controllers on the leader.
+//!
+//! [`Manager::start`] wires the pieces in-process (the binary and the tests use it):
+//! caches → TLS identity (reloaded) → HTTPS webhook server → metrics server → leader election →
+//! controllers (standalone mode only) while leading.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::Client;
+use kube::runtime::reflector;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{PpmCache, spawn_store};
+use crate::config::{ConfigError, InjectionConfig, supports_native_sidecars};
+use crate::leader::{Elector, LeaseConfig, default_identity};
+use crate::metrics::{Metrics, Readiness};
+use crate::pods::{MarkerScope, PodContext, parse_selector};
+use crate::status::StatusContext;
+use crate::tls::{ReloadingCert, TlsError};
+use crate::webhook::{Mode, Webhooks};
+use crate::{metrics, pods, status, webhook};
+
+/// Flags of `podprobe-manager run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// `standalone`: no OpenKruise in the cluster; podprobe owns PodProbeMarkers, writes the
+    /// kruise.io/podprobe and kruise.io/podprobemarker-list pod annotations (and keeps them in
+    /// step with PodProbeMarker changes), applies markerPolicy labels/annotations and writes
+    /// PodProbeMarker status. `companion`: OpenKruise (EnablePodProbeMarkerOnServerless) owns
+    /// all of that; podprobe only injects the sidecar and runs no controller.
+    #[arg(long, value_enum, default_value_t = Mode::Standalone, env = "PODPROBE_MANAGER_MODE")]
+    pub mode: Mode,
+
+    /// Address of the HTTPS admission server (/mutate-pods, /validate-podprobemarkers).
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    pub webhook_addr: SocketAddr,
+
+    /// PEM certificate chain of the webhook server; re-read when the file changes (checked
+    /// every --tls-reload-interval), so a rotated Secret needs no restart.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: PathBuf,
+
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching --tls-cert; reloaded with it.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: PathBuf,
+
+    /// How often the certificate and key files are checked for changes.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+
+    /// Sidecar injection config (YAML: image, resources, opt-in label, nativeSidecar,
+    /// readinessGates, ...). Without it no sidecar is injected.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Plain-HTTP address for /metrics (Prometheus), /healthz and /readyz (ready once the
+    /// PodProbeMarker and namespace caches have synced).
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+
+    /// Run the controllers only on the replica holding a coordination.k8s.io Lease (webhooks
+    /// serve on every replica). `--leader-election=false` for a single replica.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub leader_election: bool,
+
+    /// Namespace of the Lease (defaults to the manager's own namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "podprobe-system")]
+    pub leader_election_namespace: String,
+
+    /// Name of the Lease.
+    #[arg(long, default_value = "podprobe-manager")]
+    pub leader_election_name: String,
+
+    /// Lease duration: how long followers wait after the last renewal before taking over. The
+    /// leader renews every 2/15 of it and steps down after failing to renew for 2/3 of it.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// Label selector (key=value[,key=value]) of the nodes whose pods are serverless and get
+    /// markers; pods running the podprobe sidecar get them on any node.
+    #[arg(long, default_value = "type=virtual-kubelet", value_parser = parse_selector)]
+    pub serverless_node_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+
+    /// Pods reconciled concurrently by the markers controller.
+    #[arg(long, default_value_t = 16)]
+    pub workers: u16,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("no Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// Leader election settings; `None` in [`Options`] = always lead.
+#[derive(Debug, Clone)]
+pub struct LeaderOptions {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+}
+
+/// Everything [`Manager::start`] needs (the binary builds it from [`RunArgs`]).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub mode: Mode,
+    pub webhook_addr: SocketAddr,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    pub tls_reload_interval: Duration,
+    pub injection: Option<InjectionConfig>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub leader: Option<LeaderOptions>,
+    pub scope: MarkerScope,
+    pub workers: u16,
+}
+
+impl Options {
+    pub fn from_args(args: &RunArgs) -> Result<Self, RunError> {
+        let injection = args
+            .config
+            .as_deref()
+            .map(InjectionConfig::from_file)
+            .transpose()?;
+        let sidecar_name = injection
+            .as_ref()
+            .map(|c| c.container_name.clone())
+            .unwrap_or_else(|| "podprobe".into());
+        Ok(Self {
+            mode: args.mode,
+            webhook_addr: args.webhook_addr,
+            tls_cert: args.tls_cert.clone(),
+            tls_key: args.tls_key.clone(),
+            tls_reload_interval: args.tls_reload_interval,
+            injection,
+            metrics_addr: Some(args.metrics_addr),
+            leader: args.leader_election.then(|| LeaderOptions {
+                namespace: args.leader_election_namespace.clone(),
+                name: args.leader_election_name.clone(),
+                identity: default_identity(),
+                lease_duration: args.leader_election_lease_duration,
+            }),
+            scope: MarkerScope {
+                serverless_nodes: args.serverless_node_selector.clone(),
+                sidecar_name,
+            },
+            workers: args.workers.max(1),
+        })
+    }
+}
+
+/// A running manager.
+#[derive(Debug)]
+pub struct Manager {
+    /// Where the webhooks listen (the bound address when the option asked for port 0).
+    pub webhook_addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    pub ppms: Arc<PpmCache>,
+    pub tls: Arc<ReloadingCert>,
+    shutdown: CancellationToken,
+    kill: CancellationToken,
+    leading: watch::Receiver<bool>,
+    _fixed_leadership: Option<watch::Sender<bool>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, RunError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| RunError::Listen { addr, source })
+}
+
+impl Manager {
+    /// Start everything; returns once the listeners are bound.
+    pub async fn start(client: Client, options: Options) -> Result<Manager, RunError> {
+        let shutdown = CancellationToken::new();
+        let kill = CancellationToken::new();
+        let metrics = Arc::new(Metrics::default());
+        let readiness = Arc::new(Readiness::default());
+        let mut tasks = Vec::new();
+
+        let native = match client.apiserver_version().await {
+            Ok(v) => supports_native_sidecars(&v.major, &v.minor),
+            Err(e) => {
+                tracing::warn!("cannot read the apiserver version ({e}); no native sidecars");
+                false
+            }
+        };
+
+        let ppms = Arc::new(PpmCache::default());
+        ppms.spawn(client.clone(), shutdown.clone());
+        let namespaces = options
+            .injection
+            .is_some()
+            .then(|| spawn_store::<Namespace>(client.clone(), shutdown.clone()));
+        {
+            let (ppms, namespaces, readiness) =
+                (ppms.clone(), namespaces.clone(), readiness.clone());
+            let shutdown = shutdown.clone();
+            tasks.push(tokio::spawn(async move {
+                let wait = async {
+                    if let Some(ns) = &namespaces {
+                        let _ = ns.wait_until_ready().await;
+                    }
+                    while !ppms.is_synced() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = wait => {
+                        readiness.set(true);
+                        tracing::info!("caches synced; ready");
+                    }
+                }
+            }));
+        }
+
+        let tls = ReloadingCert::load(&options.tls_cert, &options.tls_key)?;
+        tasks.push(tokio::spawn(tls.clone().watch(
+            options.tls_reload_interval,
+            shutdown.clone(),
+            metrics.cert_reloads.clone(),
+        )));
+
+        let hooks = Arc::new(Webhooks {
+            mode: options.mode,
+            injection: options.injection.clone(),
+            native_sidecars_supported: native,
+            ppms: ppms.clone(),
+            namespaces,
+            metrics: metrics.clone(),
+        });
+        let listener = bind(options.webhook_addr).await?;
+        let webhook_addr = listener.local_addr().map_err(|source| RunError::Listen {
+            addr: options.webhook_addr,
+            source,
+        })?;
+        tasks.push(tokio::spawn(webhook::serve(
+            listener,
+            tls.server_config(),
+            hooks,
+            shutdown.clone(),
+        )));
+        tracing::info!(%webhook_addr, mode = ?options.mode, native_sidecars = native, "webhooks serving");
+
+        let metrics_addr = match options.metrics_addr {
+            Some(addr) => {
+                let listener = bind(addr).await?;
+                let bound = listener
+                    .local_addr()
+                    .map_err(|source| RunError::Listen { addr, source })?;
+                tasks.push(tokio::spawn(metrics::serve(
+                    listener,
+                    metrics.clone(),
+                    readiness.clone(),
+                    shutdown.clone(),
+                )));
+                Some(bound)
+            }
+            None => None,
+        };
+
+        let controllers = options.mode == Mode::Standalone;
+        let (leading_tx, leading) = watch::channel(controllers && options.leader.is_none());
+        // Without an elector the sender stays with the manager: a dropped sender would read as
+        // "leadership over".
+        let mut fixed_leadership = Some(leading_tx);
+        if let (true, Some(leader)) = (controllers, &options.leader) {
+            let leading_tx = fixed_leadership.take().expect("sender present");
+            let config = LeaseConfig::new(
+                &leader.namespace,
+                &leader.name,
+                &leader.identity,
+                leader.lease_duration,
+            );
+            let elector = Elector::new(client.clone(), config);
+            let (shutdown, kill) = (shutdown.clone(), kill.clone());
+            tasks.push(tokio::spawn(async move {
+                tokio::select! {
+                    _ = kill.cancelled() => {}
+                    _ = elector.run(leading_tx, shutdown) => {}
+                }
+            }));
+        }
+        if controllers {
+            tasks.push(tokio::spawn(lead(
+                client,
+                ppms.clone(),
+                options.scope.clone(),
+                options.workers,
+                metrics.clone(),
+                leading.clone(),
+                shutdown.clone(),
+            )));
+        }
+        Ok(Manager {
+            webhook_addr,
+            metrics_addr,
+            metrics,
+            ppms,
+            tls,
+            shutdown,
+            kill,
+            leading,
+            _fixed_leadership: fixed_leadership,
+            tasks,
+        })
+    }
+
+    /// This replica runs the controllers now.
+    pub fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Wait until this replica leads.
+    pub async fn wait_leader(&self) {
+        let mut rx = self.leading.clone();
+        let _ = rx.wait_for(|l| *l).await;
+    }
+
+    /// Graceful shutdown: stop accepting, finish in-flight requests and reconciles, release
+    /// the lease.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Simulate a crash: stop at once, without releasing the lease.
+    pub fn kill(self) {
+        self.kill.cancel();
+        self.shutdown.cancel();
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Run the controllers whenever `leading` is true.
+async fn lead(
+    client: Client,
+    ppms: Arc<PpmCache>,
+    scope: MarkerScope,
+    workers: u16,
+    metrics: Arc<Metrics>,
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = leading.wait_for(|l| *l) => if r.is_err() { return },
+        }
+        metrics.leader.set(1);
+        let term = shutdown.child_token();
+        let nodes = spawn_store::<Node>(client.clone(), term.clone());
+        let pod_store = reflector::store::<Pod>();
+        let (status_tx, status_rx) = mpsc::unbounded_channel();
+        let pod_ctx = Arc::new(PodContext {
+            client: client.clone(),
+            ppms: ppms.clone(),
+            nodes,
+            scope: scope.clone(),
+            metrics: metrics.clone(),
+            status_triggers: status_tx,
+        });
+        let status_ctx = Arc::new(StatusContext {
+            client: client.clone(),
+            pods: pod_store.0.clone(),
+            metrics: metrics.clone(),
+        });
+        let pods_task = tokio::spawn(pods::run(pod_ctx, pod_store, workers, term.clone()));
+        let status_task = tokio::spawn(status::run(status_ctx, status_rx, term.clone()));
+        tracing::info!("controllers started");
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            r = leading.wait_for(|l| !*l) => if r.is_err() {
+                // The elector is gone (killed): stop leading.
+            }
+        }
+        term.cancel();
+        let _ = tokio::join!(pods_task, status_task);
+        metrics.leader.set(0);
+        tracing::info!("controllers stopped");
+        if shutdown.is_cancelled() {
+            return;
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM ({e}); only Ctrl-C stops the manager");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// The binary's `run`: start, wait for SIGTERM, shut down gracefully (at most 25 s).
+pub async fn main(args: &RunArgs) -> Result<(), RunError> {
+    let options = Options::from_args(args)?;
+    let client = Client::try_default().await?;
+    let manager = Manager::start(client, options).await?;
+    termination().await;
+    tracing::info!("SIGTERM: shutting down");
+    if tokio::time::timeout(Duration::from_secs(25), manager.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown did not finish within 25 s");
+    }
+    Ok(())
+}

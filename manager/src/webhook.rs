@@ -1,0 +1,341 @@
+//! The admission webhooks and their HTTPS server.
+//!
+//! - `POST /mutate-pods` (pods, CREATE): the `kruise.io/podprobe` and
+//!   `kruise.io/podprobemarker-list` annotations exactly as OpenKruise writes them (standalone
+//!   mode), plus the sidecar and readiness gates per the injection config (both modes).
+//!   Internal errors never block a pod: the pod is admitted unchanged with a warning, and the
+//!   `error` result is counted. Only a request that is not an AdmissionReview gets an HTTP 400,
+//!   which the apiserver handles per the webhook's `failurePolicy`.
+//! - `POST /validate-podprobemarkers` (CREATE/UPDATE): [`validate::validate`]; a denial carries
+//!   code 400 and the field errors as message (OpenKruise: `admission.Errored(400, ...)`).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::runtime::reflector::Store;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{PpmCache, namespace_labels};
+use crate::config::InjectionConfig;
+use crate::crd::PodProbeMarker;
+use crate::inject::{InjectContext, inject_ops};
+use crate::metrics::Metrics;
+use crate::patch::{PatchOp, to_json_patch};
+use crate::{annotate, validate};
+
+pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
+pub const VALIDATE_PPM_PATH: &str = "/validate-podprobemarkers";
+/// Largest AdmissionReview accepted (a pod object is at most ~1.5 MiB in etcd).
+const MAX_BODY: usize = 8 << 20;
+
+/// Who owns PodProbeMarkers, the pod annotations and the markers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// No OpenKruise: podprobe writes the annotations, runs markers, status and propagation.
+    Standalone,
+    /// OpenKruise owns PPMs, annotations and markers; podprobe only injects the sidecar.
+    Companion,
+}
+
+/// Everything the webhooks read.
+#[derive(Debug)]
+pub struct Webhooks {
+    pub mode: Mode,
+    pub injection: Option<InjectionConfig>,
+    /// Learnt from the apiserver's `/version` at start.
+    pub native_sidecars_supported: bool,
+    pub ppms: Arc<PpmCache>,
+    /// Namespace labels for the injection opt-in; `None` without injection.
+    pub namespaces: Option<Store<Namespace>>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// An answer and the result label it is counted under.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Vec<u8>,
+    pub result: &'static str,
+}
+
+fn review_body(response: AdmissionResponse) -> Vec<u8> {
+    serde_json::to_vec(&response.into_review()).unwrap_or_default()
+}
+
+fn bad_request(message: String) -> Answer {
+    Answer {
+        status: StatusCode::BAD_REQUEST,
+        body: message.into_bytes(),
+        result: "bad_request",
+    }
+}
+
+/// The `podConditionType`s of the probes in a `kruise.io/podprobe` value.
+fn condition_types(probes_json: &str) -> Vec<String> {
+    serde_json::from_str::<Vec<Value>>(probes_json)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| p.get("podConditionType")?.as_str().map(str::to_owned))
+        .collect()
+}
+
+impl Webhooks {
+    /// Answer one HTTP request body for `path`.
+    pub fn handle(&self, path: &str, body: &[u8]) -> Answer {
+        match path {
+            MUTATE_PODS_PATH => self.handle_mutate(body),
+            VALIDATE_PPM_PATH => self.handle_validate(body),
+            _ => Answer {
+                status: StatusCode::NOT_FOUND,
+                body: b"not found\n".to_vec(),
+                result: "not_found",
+            },
+        }
+    }
+
+    fn handle_mutate(&self, body: &[u8]) -> Answer {
+        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return bad_request(format!("not an AdmissionReview: {e}")),
+        };
+        let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(r) => r,
+            Err(_) => return bad_request("AdmissionReview without a request".into()),
+        };
+        let (response, result) = match self.mutate(&req) {
+            Ok(ops) if ops.is_empty() => (AdmissionResponse::from(&req), "allowed"),
+            Ok(ops) => match to_json_patch(&ops)
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    AdmissionResponse::from(&req)
+                        .with_patch(p)
+                        .map_err(|e| e.to_string())
+                }) {
+                Ok(r) => (r, "patched"),
+                Err(e) => (internal_error(&req, &e), "error"),
+            },
+            Err(e) => (internal_error(&req, &e), "error"),
+        };
+        Answer {
+            status: StatusCode::OK,
+            body: review_body(response),
+            result,
+        }
+    }
+
+    /// The JSON patch for an admitted pod (empty: unchanged). `Err` is an internal error.
+    pub fn mutate(&self, req: &AdmissionRequest<DynamicObject>) -> Result<Vec<PatchOp>, String> {
+        if req.operation != Operation::Create || req.sub_resource.is_some() {
+            return Ok(vec![]);
+        }
+        let Some(object) = &req.object else {
+            return Ok(vec![]);
+        };
+        let pod: Pod = serde_json::to_value(object)
+            .and_then(serde_json::from_value)
+            .map_err(|e| format!("cannot decode the pod: {e}"))?;
+        let namespace = req
+            .namespace
+            .clone()
+            .or_else(|| pod.metadata.namespace.clone())
+            .unwrap_or_else(|| "default".into());
+        let ppms = self.ppms.namespace(&namespace);
+        let computed = annotate::compute(&pod, &ppms);
+        let mut ops = match (&computed, self.mode) {
+            (Some(a), Mode::Standalone) => annotate::patch_ops(&pod, a),
+            _ => vec![],
+        };
+        if let Some(config) = &self.injection {
+            let conditions = computed
+                .as_ref()
+                .map(|a| condition_types(&a.probes))
+                .unwrap_or_default();
+            let labels: Option<BTreeMap<String, String>> = self
+                .namespaces
+                .as_ref()
+                .and_then(|s| namespace_labels(s, &namespace));
+            let ctx = InjectContext {
+                namespace_labels: labels.as_ref(),
+                native_sidecars_supported: self.native_sidecars_supported,
+                probe_condition_types: &conditions,
+            };
+            ops.extend(inject_ops(&pod, config, &ctx));
+        }
+        Ok(ops)
+    }
+
+    fn handle_validate(&self, body: &[u8]) -> Answer {
+        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return bad_request(format!("not an AdmissionReview: {e}")),
+        };
+        let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(r) => r,
+            Err(_) => return bad_request("AdmissionReview without a request".into()),
+        };
+        let response = validate_review(&req);
+        let result = if response.allowed {
+            "allowed"
+        } else {
+            "denied"
+        };
+        Answer {
+            status: StatusCode::OK,
+            body: review_body(response),
+            result,
+        }
+    }
+}
+
+/// Admit unchanged, with a warning: a bug or a cache problem must not stop pod creation.
+fn internal_error(req: &AdmissionRequest<DynamicObject>, error: &str) -> AdmissionResponse {
+    tracing::error!(uid = %req.uid, name = %req.name, "pod admitted unchanged: {error}");
+    let mut r = AdmissionResponse::from(req);
+    r.warnings = Some(vec![format!(
+        "podprobe-manager admitted the pod unchanged: {error}"
+    )]);
+    r
+}
+
+fn decode_ppm(object: Option<&DynamicObject>) -> Result<Option<PodProbeMarker>, String> {
+    object
+        .map(|o| {
+            serde_json::to_value(o)
+                .and_then(serde_json::from_value::<PodProbeMarker>)
+                .map_err(|e| e.to_string())
+        })
+        .transpose()
+}
+
+/// Deny with HTTP-style code 400, as OpenKruise's `admission.Errored(http.StatusBadRequest, err)`.
+fn deny_400(req: &AdmissionRequest<DynamicObject>, message: String) -> AdmissionResponse {
+    let mut r = AdmissionResponse::from(req).deny(message);
+    r.result.code = 400;
+    r
+}
+
+/// The PodProbeMarker validating webhook's answer.
+pub fn validate_review(req: &AdmissionRequest<DynamicObject>) -> AdmissionResponse {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return AdmissionResponse::from(req);
+    }
+    let new = match decode_ppm(req.object.as_ref()) {
+        Ok(Some(p)) => p,
+        Ok(None) => return deny_400(req, "the request carries no object".into()),
+        Err(e) => return deny_400(req, format!("cannot decode the PodProbeMarker: {e}")),
+    };
+    let old = match decode_ppm(req.old_object.as_ref()) {
+        Ok(o) => o,
+        Err(e) => return deny_400(req, format!("cannot decode the old PodProbeMarker: {e}")),
+    };
+    match validate::validate(&new, old.as_ref()) {
+        Ok(()) => AdmissionResponse::from(req),
+        Err(errors) => deny_400(req, errors.to_string()),
+    }
+}
+
+fn response(answer: Answer) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(answer.body)));
+    *r.status_mut() = answer.status;
+    if answer.status == StatusCode::OK {
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+    }
+    r
+}
+
+async fn route(hooks: Arc<Webhooks>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let start = Instant::now();
+    let path = req.uri().path().to_owned();
+    if req.method() != Method::POST {
+        return response(Answer {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            body: b"POST only\n".to_vec(),
+            result: "bad_request",
+        });
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return response(bad_request(format!("cannot read the body: {e}")));
+        }
+    };
+    let answer = hooks.handle(&path, &body);
+    if answer.status != StatusCode::NOT_FOUND {
+        hooks
+            .metrics
+            .webhook(&path, answer.result, start.elapsed().as_secs_f64());
+    }
+    response(answer)
+}
+
+/// Serve the webhooks over HTTPS on `listener` until `shutdown`; open connections finish their
+/// current request.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    hooks: Arc<Webhooks>,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("webhook listener: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let hooks = hooks.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let tls =
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, "TLS handshake failed: {e}");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                };
+            let service = hyper::service::service_fn(move |req| {
+                let hooks = hooks.clone();
+                async move { Ok::<_, Infallible>(route(hooks, req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tls), service);
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,85 @@
+//! 10 000 serverless pods in testkit, all in steady state: starting the manager costs no pod
+//! patch, and one condition change costs exactly one.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use podprobe_manager::webhook::Mode;
+use support::*;
+use testkit::ApiServer;
+
+fn pods_n() -> usize {
+    std::env::var("SCALE_pods")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_condition_change_among_10000_pods_is_one_patch() {
+    let pods = pods_n();
+    let api = ApiServer::builder()
+        .history_limit(50_000)
+        .start()
+        .await
+        .unwrap();
+    api.create_namespace("test").unwrap();
+    api.set_object(&vk_node("vk-1")).unwrap();
+    api.create(&ppm(&tv03_ppm())).unwrap();
+    let t = Instant::now();
+    for i in 0..pods {
+        api.set_object(&steady_pod(i, true)).unwrap();
+    }
+    eprintln!("created {pods} pods in {:?}", t.elapsed());
+
+    let dir = tempfile::tempdir().unwrap();
+    let t = Instant::now();
+    let s = start_manager(&api, dir.path(), Mode::Standalone, None, None).await;
+    let metrics = s.manager.metrics.clone();
+    let mut last = 0;
+    eventually(
+        Duration::from_secs(120),
+        "every pod reconciled once",
+        || {
+            let n = metrics.pod_reconciles.get();
+            if n / 1000 != last / 1000 {
+                eprintln!("{:?}: {n}", t.elapsed());
+            }
+            last = n;
+            n >= pods as u64
+        },
+    )
+    .await;
+    eprintln!("initial reconcile of {pods} pods in {:?}", t.elapsed());
+    // Let stragglers (PPM-cache announcements, status) settle.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        api.journal().count("PATCH", "pods"),
+        0,
+        "steady state costs no pod patch"
+    );
+
+    api.journal().clear();
+    let t = Instant::now();
+    set_healthy(&api, "gs-4242", false);
+    let pods = kube::Api::<Pod>::namespaced(api.client(), "test");
+    let marked = tokio::time::timeout(
+        Duration::from_secs(10),
+        kube::runtime::wait::await_condition(pods, "gs-4242", |p: Option<&Pod>| {
+            p.and_then(|p| label(p, "server-healthy")).as_deref() == Some("false")
+        }),
+    )
+    .await;
+    assert!(marked.is_ok(), "marker followed the condition");
+    eprintln!("marked in {:?}", t.elapsed());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let patches = api.journal().matching("PATCH", "pods");
+    assert_eq!(patches.len(), 1, "{patches:#?}");
+    assert!(patches[0].path.ends_with("/pods/gs-4242"));
+    let body = patches[0].json();
+    assert_eq!(body["metadata"]["labels"]["server-healthy"], "false");
+    assert_eq!(body["metadata"]["uid"], "uid-gs-4242", "uid precondition");
+    s.manager.shutdown().await;
+}

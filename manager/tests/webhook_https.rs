@@ -1,0 +1,214 @@
+//! AdmissionReview round trips through the real HTTPS server of a manager started against
+//! testkit: allowed, patched (TV-03 byte for byte, plus the injected native sidecar), denied with
+//! the field-naming reason (TV-13), certificate reload, metrics and readiness.
+
+mod support;
+
+use std::time::Duration;
+
+use podprobe::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
+use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode, VALIDATE_PPM_PATH};
+use serde_json::json;
+use support::*;
+use testkit::ApiServer;
+
+async fn setup(mode: Mode) -> (ApiServer, tempfile::TempDir, Started) {
+    let api = ApiServer::start().await.unwrap();
+    api.create_namespace("test").unwrap();
+    api.create(&ppm(&tv03_ppm())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let started = start_manager(&api, dir.path(), mode, None, Some(injection())).await;
+    let ppms = started.manager.ppms.clone();
+    eventually(Duration::from_secs(10), "PPM cache synced", || {
+        !ppms.namespace("test").is_empty()
+    })
+    .await;
+    (api, dir, started)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_admission_is_patched_with_tv03_annotations_and_the_sidecar() {
+    let (_api, _dir, s) = setup(Mode::Standalone).await;
+    let mut client = HttpsClient::connect(s.manager.webhook_addr, &s.cert.cert_pem)
+        .await
+        .unwrap();
+
+    let mut pod = app_pod("pod-1", "test");
+    pod.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("podprobe.io/inject".into(), "enabled".into());
+    let response = client
+        .review(MUTATE_PODS_PATH, &pod_review(&pod, "test"))
+        .await;
+    assert!(response.allowed);
+    assert!(response.patch.is_some(), "a JSONPatch");
+    let out = patched(&pod, &response);
+    let annotations = out.metadata.annotations.clone().unwrap();
+    assert_eq!(annotations[PODPROBE_ANNOTATION], TV03_PODPROBE);
+    assert_eq!(annotations[MARKER_LIST_ANNOTATION], "ppm-test");
+    // testkit reports Kubernetes 1.33: the sidecar is a restartable init container.
+    let init = out.spec.as_ref().unwrap().init_containers.clone().unwrap();
+    assert_eq!(init.len(), 1);
+    assert_eq!(init[0].name, "podprobe");
+    assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+    assert_eq!(out.spec.as_ref().unwrap().containers.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_pod_is_allowed_without_patch_and_companion_mode_writes_no_annotations() {
+    let (_api, _dir, s) = setup(Mode::Standalone).await;
+    let mut client = HttpsClient::connect(s.manager.webhook_addr, &s.cert.cert_pem)
+        .await
+        .unwrap();
+    let pod = app_pod("pod-2", "other");
+    let response = client
+        .review(MUTATE_PODS_PATH, &pod_review(&pod, "test"))
+        .await;
+    assert!(response.allowed);
+    assert_eq!(response.patch, None);
+
+    let (_api2, _dir2, c) = setup(Mode::Companion).await;
+    let mut client = HttpsClient::connect(c.manager.webhook_addr, &c.cert.cert_pem)
+        .await
+        .unwrap();
+    let pod = app_pod("pod-3", "test");
+    let response = client
+        .review(MUTATE_PODS_PATH, &pod_review(&pod, "test"))
+        .await;
+    assert!(response.allowed);
+    assert_eq!(
+        response.patch, None,
+        "companion: OpenKruise writes annotations"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_podprobemarker_is_denied_with_code_400_and_the_field() {
+    let (_api, _dir, s) = setup(Mode::Standalone).await;
+    let mut client = HttpsClient::connect(s.manager.webhook_addr, &s.cert.cert_pem)
+        .await
+        .unwrap();
+
+    let valid = tv03_ppm();
+    let response = client
+        .review(VALIDATE_PPM_PATH, &ppm_review("CREATE", &valid, None))
+        .await;
+    assert!(response.allowed, "{:?}", response.result);
+
+    // TV-13 test7: a policy label key `server-/$healthy` → 2 errors.
+    let mut bad = valid.clone();
+    bad["spec"]["probes"][0]["markerPolicy"][0]["labels"] = json!({"server-/$healthy": "true"});
+    let response = client
+        .review(VALIDATE_PPM_PATH, &ppm_review("CREATE", &bad, None))
+        .await;
+    assert!(!response.allowed);
+    assert_eq!(response.result.code, 400);
+    let message = &response.result.message;
+    assert!(
+        message.contains("spec.probes[0].markerPolicy[0].labels"),
+        "{message}"
+    );
+    assert!(message.contains("server-/$healthy"), "{message}");
+
+    // TV-13 test8: probe name `Initialized`.
+    let mut bad = valid.clone();
+    bad["spec"]["probes"][0]["name"] = json!("Initialized");
+    let response = client
+        .review(VALIDATE_PPM_PATH, &ppm_review("CREATE", &bad, None))
+        .await;
+    assert!(!response.allowed);
+    assert!(
+        response.result.message.contains("spec.probes[0].name"),
+        "{}",
+        response.result.message
+    );
+
+    // UPDATE: the selector is immutable.
+    let mut moved = valid.clone();
+    moved["spec"]["selector"] = json!({"matchLabels": {"app": "other"}});
+    let response = client
+        .review(
+            VALIDATE_PPM_PATH,
+            &ppm_review("UPDATE", &moved, Some(&valid)),
+        )
+        .await;
+    assert!(!response.allowed);
+    assert!(
+        response
+            .result
+            .message
+            .contains("selector must be immutable"),
+        "{}",
+        response.result.message
+    );
+
+    // Not an AdmissionReview at all: HTTP 400 (the apiserver applies failurePolicy).
+    let (status, _) = client.post(VALIDATE_PPM_PATH, b"{]".to_vec()).await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_certificate_is_served_without_restart() {
+    let (_api, dir, s) = setup(Mode::Standalone).await;
+    let old_ca = s.cert.cert_pem.clone();
+    assert!(
+        HttpsClient::connect(s.manager.webhook_addr, &old_ca)
+            .await
+            .is_ok()
+    );
+    let rotated = write_cert(dir.path(), "rotated");
+    std::fs::copy(&rotated.key_path, &s.cert.key_path).unwrap();
+    std::fs::copy(&rotated.cert_path, &s.cert.cert_path).unwrap();
+    let addr = s.manager.webhook_addr;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if HttpsClient::connect(addr, &rotated.cert_pem).await.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "new certificate not served"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        HttpsClient::connect(addr, &old_ca).await.is_err(),
+        "the old certificate is no longer served"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_health_and_readiness_are_served() {
+    let (_api, _dir, s) = setup(Mode::Standalone).await;
+    let addr = s.manager.metrics_addr.unwrap();
+    let mut client = HttpsClient::connect(s.manager.webhook_addr, &s.cert.cert_pem)
+        .await
+        .unwrap();
+    client
+        .review(
+            MUTATE_PODS_PATH,
+            &pod_review(&app_pod("pod-m", "test"), "test"),
+        )
+        .await;
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    let mut ready = false;
+    for _ in 0..100 {
+        if http_get(addr, "/readyz").await.0 == 200 {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ready, "/readyz once the caches synced");
+    let (status, body) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains(
+            r#"podprobe_manager_webhook_requests_total{path="/mutate-pods",result="patched"} 1"#
+        ),
+        "{body}"
+    );
+    assert!(body.contains("podprobe_manager_webhook_duration_seconds_bucket"));
+}
