@@ -11,7 +11,11 @@ fn every_example_probe_flips_and_recovers() {
         .env("RUST_LOG", "warn")
         .output()
         .expect("run podprobe demo");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut states: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut conditions = None;
     for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -33,5 +37,11 @@ fn every_example_probe_flips_and_recovers() {
         assert_eq!(seen, &["Succeeded", "Failed", "Succeeded"], "{condition}");
     }
     let conditions = conditions.expect("the conditions at the end");
-    assert!(conditions.as_array().unwrap().iter().all(|c| c["status"] == "True"));
+    assert!(
+        conditions
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["status"] == "True")
+    );
 }
