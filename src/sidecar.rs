@@ -97,6 +97,14 @@ pub async fn run(
         )),
     };
 
+    if source == SourceKind::File && options.identity.uid.is_none() {
+        // The file carries no uid, and writing without the uid precondition could land on a
+        // same-named replacement pod: nothing is written until POD_UID is provided.
+        tracing::error!(
+            "POD_UID is not set and the file source does not carry the pod's uid: no condition \
+             will be written; set POD_UID from the downward API (fieldPath: metadata.uid)"
+        );
+    }
     let (uid_tx, uid_rx) = watch::channel(options.identity.uid.clone());
     let pods: Api<Pod> = Api::namespaced(client.clone(), &options.identity.namespace);
     let (writer, writer_task) = ConditionWriter::spawn(
