@@ -23,8 +23,9 @@ pub const MARKER_LIST_ANNOTATION: &str = "kruise.io/podprobemarker-list";
 /// cannot have come from a real apiserver; refusing it bounds what podprobe parses.
 pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 
-/// Condition types owned by the kubelet and Kruise; a probe may not write them.
-const RESERVED_CONDITION_TYPES: &[&str] = &[
+/// Condition types owned by the kubelet and Kruise; a probe may not write them (the manager's
+/// validation refuses them too).
+pub const RESERVED_CONDITION_TYPES: &[&str] = &[
     "PodScheduled",
     "Initialized",
     "Ready",

@@ -27,17 +27,8 @@ const RESERVED_PROBE_NAMES: &[&str] = &[
     "InPlaceUpdateReady",
 ];
 
-/// Condition types the sidecar will not write, because the kubelet or Kruise own them.
-const RESERVED_CONDITION_TYPES: &[&str] = &[
-    "PodScheduled",
-    "Initialized",
-    "Ready",
-    "ContainersReady",
-    "KruisePodReady",
-    "InPlaceUpdateReady",
-    "PodReadyToStartContainers",
-    "DisruptionTarget",
-];
+// Condition types the sidecar will not write, because the kubelet or Kruise own them.
+use podprobe::annotation::RESERVED_CONDITION_TYPES;
 
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 
