@@ -676,6 +676,14 @@ pub async fn run(
     concurrency: u16,
     shutdown: CancellationToken,
 ) {
+    // Before the PPM cache has its first list every pod looks unmatched and would lose its
+    // two annotations (put back once the list arrives: two writes per pod for nothing).
+    while !ctx.ppms.is_synced() {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+        }
+    }
     let by_node = Arc::new(PodsByNode::default());
     let (recheck_tx, recheck_rx) = mpsc::unbounded_channel();
     let stream = watcher::watcher(

@@ -215,3 +215,28 @@ async fn labelling_the_node_marks_its_pods() {
     assert_eq!(api.journal().count("PATCH", "pods"), 3);
     s.manager.shutdown().await;
 }
+
+/// Pods are not reconciled before the PPM cache has its first list: until then every pod would
+/// look unmatched and lose its annotations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_pod_is_reconciled_before_the_ppm_cache_has_synced() {
+    let api = cluster().await;
+    api.set_object(&steady_pod(0, true)).unwrap();
+    // The PodProbeMarker lists (PPM cache, status controller) answer late.
+    api.faults().add(
+        Fault::delay(Duration::from_millis(1500))
+            .method("GET")
+            .path_contains("/podprobemarkers")
+            .times(2),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let s = start_manager(&api, dir.path(), Mode::Standalone, None, None).await;
+    eventually(Duration::from_secs(10), "pod reconciled", || {
+        s.manager.metrics.pod_reconciles.get() >= 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let patches = api.journal().matching("PATCH", "pods");
+    assert!(patches.is_empty(), "{patches:#?}");
+    s.manager.shutdown().await;
+}
