@@ -136,17 +136,17 @@ async fn main() {
     s.manager.shutdown().await;
 }
 
-/// Every pod that got more than one patch: the bodies and answers, to tell a double write from
-/// a retry.
+/// The writes of the run other than pod patches (what else could have triggered reconciles),
+/// and every pod that got more than one patch: the bodies and answers, to tell a double write
+/// from a retry.
 fn report_extra_patches(api: &ApiServer) {
     for e in api.journal().entries() {
-        if !matches!(e.method.as_str(), "GET" | "PATCH") || !e.path.contains("/pods/") {
-            if e.method != "GET" {
-                println!(
-                    "  other write #{} {} {} {} -> {} {}",
-                    e.seq, e.time, e.method, e.path, e.status, e.body
-                );
-            }
+        let pod_patch = e.method == "PATCH" && e.path.contains("/pods/");
+        if e.method != "GET" && !pod_patch {
+            println!(
+                "  other write #{} {} {} {} -> {} {}",
+                e.seq, e.time, e.method, e.path, e.status, e.body
+            );
         }
     }
     let mut by_pod: std::collections::BTreeMap<String, Vec<testkit::journal::Entry>> =
