@@ -130,5 +130,41 @@ async fn main() {
         pods as f64 / elapsed.as_secs_f64(),
         if done { "" } else { " (TIMED OUT)" },
     );
+    if patches != pods {
+        report_extra_patches(&api);
+    }
     s.manager.shutdown().await;
+}
+
+/// The writes of the run other than pod patches (what else could have triggered reconciles),
+/// and every pod that got more than one patch: the bodies and answers, to tell a double write
+/// from a retry.
+fn report_extra_patches(api: &ApiServer) {
+    for e in api.journal().entries() {
+        let pod_patch = e.method == "PATCH" && e.path.contains("/pods/");
+        if e.method != "GET" && !pod_patch {
+            println!(
+                "  other write #{} {} {} {} -> {} {}",
+                e.seq, e.time, e.method, e.path, e.status, e.body
+            );
+        }
+    }
+    let mut by_pod: std::collections::BTreeMap<String, Vec<testkit::journal::Entry>> =
+        Default::default();
+    for e in api.journal().matching("PATCH", "pods") {
+        by_pod.entry(e.path.clone()).or_default().push(e);
+    }
+    for (path, entries) in by_pod.iter().filter(|(_, v)| v.len() > 1) {
+        println!("  {path}: {} patches", entries.len());
+        for e in entries {
+            println!(
+                "    #{} {} status {}{} {}",
+                e.seq,
+                e.time,
+                e.status,
+                if e.fault { " (fault)" } else { "" },
+                e.body
+            );
+        }
+    }
 }

@@ -2,9 +2,10 @@
 //! namespace (so a pod event or an admission request reads its namespace's PPMs in O(1) of the
 //! cluster size), and plain reflector stores for namespaces and nodes.
 //!
-//! The PPM cache also announces every PPM it applied (created, changed, deleted) on a broadcast
-//! channel *after* the index has it, so a controller reacting to the announcement never reads a
-//! stale index.
+//! The PPM cache also announces every PPM it applied (created, spec changed, deleted) on a
+//! broadcast channel *after* the index has it, so a controller reacting to the announcement
+//! never reads a stale index. Status-only changes are not announced: nothing a pod gets depends
+//! on them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,12 +126,23 @@ impl PpmCache {
                     }
                     None => return,
                 };
+                // Pods read only the spec of a PPM: a status write (the status controller's,
+                // on every change of a matched-pod count) must not send every pod of the
+                // PPM back through the pod controller.
+                let spec_changed = match &event {
+                    Event::Apply(p) => store
+                        .get(&ObjectRef::from_obj(p))
+                        .is_none_or(|old| old.spec != p.spec),
+                    _ => true,
+                };
                 writer.apply_watcher_event(&event);
                 match &event {
                     Event::Apply(p) | Event::Delete(p) => {
                         let ns = p.metadata.namespace.clone().unwrap_or_default();
                         cache.rebuild(&store, &BTreeSet::from([ns]));
-                        let _ = cache.changes.send(PpmChange::One(ObjectRef::from_obj(p)));
+                        if spec_changed {
+                            let _ = cache.changes.send(PpmChange::One(ObjectRef::from_obj(p)));
+                        }
                     }
                     Event::InitDone => {
                         let mut namespaces: BTreeSet<String> = cache

@@ -227,3 +227,167 @@ impl Elector {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Against testkit's Lease storage (resourceVersion conflicts included). The expiry is
+    //! measured on the candidate's `Instant` of its last observed change; the tests move that
+    //! observation back instead of waiting, which is what the passing of time does to it.
+
+    use super::*;
+    use testkit::ApiServer;
+
+    const NS: &str = "podprobe-system";
+
+    async fn server() -> ApiServer {
+        let api = ApiServer::start().await.unwrap();
+        api.create_namespace(NS).unwrap();
+        api
+    }
+
+    fn elector(api: &ApiServer, identity: &str, lease: Duration) -> Elector {
+        Elector::new(
+            api.client(),
+            LeaseConfig::new(NS, "podprobe-manager", identity, lease),
+        )
+    }
+
+    fn spec(api: &ApiServer) -> LeaseSpec {
+        api.get::<Lease>(NS, "podprobe-manager")
+            .expect("the lease exists")
+            .spec
+            .unwrap_or_default()
+    }
+
+    fn held_by(api: &ApiServer, holder: &str, transitions: i32, seconds: i32) {
+        api.set_object(&Lease {
+            metadata: ObjectMeta {
+                name: Some("podprobe-manager".into()),
+                namespace: Some(NS.into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(seconds),
+                acquire_time: Some(now()),
+                renew_time: Some(now()),
+                lease_transitions: Some(transitions),
+                ..Default::default()
+            }),
+        })
+        .unwrap();
+    }
+
+    /// What the passing of `d` does to the candidate's view of the record.
+    fn age_observation(e: &mut Elector, d: Duration) {
+        let (_, at) = e.observed.as_mut().expect("a record was observed");
+        *at -= d;
+    }
+
+    #[tokio::test]
+    async fn acquires_a_missing_lease() {
+        let api = server().await;
+        let mut a = elector(&api, "a", Duration::from_secs(15));
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        let s = spec(&api);
+        assert_eq!(s.holder_identity.as_deref(), Some("a"));
+        assert_eq!(s.lease_duration_seconds, Some(15));
+        assert_eq!(s.lease_transitions, Some(0));
+        assert!(s.acquire_time.is_some() && s.renew_time.is_some());
+    }
+
+    #[tokio::test]
+    async fn acquires_a_released_lease() {
+        let api = server().await;
+        held_by(&api, "", 2, 1);
+        let mut a = elector(&api, "a", Duration::from_secs(15));
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        let s = spec(&api);
+        assert_eq!(s.holder_identity.as_deref(), Some("a"));
+        assert_eq!(s.lease_transitions, Some(3));
+        assert_eq!(s.lease_duration_seconds, Some(15));
+    }
+
+    #[tokio::test]
+    async fn the_holder_renews() {
+        let api = server().await;
+        let mut a = elector(&api, "a", Duration::from_secs(15));
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        let before = spec(&api);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        let after = spec(&api);
+        assert_eq!(after.holder_identity.as_deref(), Some("a"));
+        assert!(after.renew_time.unwrap().0 > before.renew_time.unwrap().0);
+        assert_eq!(
+            after.acquire_time, before.acquire_time,
+            "renewal is no acquisition"
+        );
+        assert_eq!(after.lease_transitions, Some(0));
+    }
+
+    #[tokio::test]
+    async fn refuses_while_another_holders_lease_is_valid() {
+        let api = server().await;
+        held_by(&api, "b", 0, 15);
+        let mut a = elector(&api, "a", Duration::from_secs(15));
+        assert!(!a.try_acquire_or_renew().await.unwrap());
+        age_observation(&mut a, Duration::from_secs(14));
+        assert!(
+            !a.try_acquire_or_renew().await.unwrap(),
+            "14 s of 15 s: still valid"
+        );
+        assert_eq!(spec(&api).holder_identity.as_deref(), Some("b"));
+        // The holder renews: the record changed, the candidate's wait starts over.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut b = elector(&api, "b", Duration::from_secs(15));
+        assert!(b.try_acquire_or_renew().await.unwrap());
+        assert!(!a.try_acquire_or_renew().await.unwrap());
+        age_observation(&mut a, Duration::from_secs(14));
+        assert!(!a.try_acquire_or_renew().await.unwrap());
+        assert_eq!(spec(&api).holder_identity.as_deref(), Some("b"));
+    }
+
+    #[tokio::test]
+    async fn takes_over_an_expired_lease() {
+        let api = server().await;
+        held_by(&api, "b", 4, 15);
+        let mut a = elector(&api, "a", Duration::from_secs(10));
+        assert!(!a.try_acquire_or_renew().await.unwrap());
+        // The lease's own duration (15 s) counts, not the candidate's (10 s).
+        age_observation(&mut a, Duration::from_secs(12));
+        assert!(!a.try_acquire_or_renew().await.unwrap());
+        age_observation(&mut a, Duration::from_secs(4));
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        let s = spec(&api);
+        assert_eq!(s.holder_identity.as_deref(), Some("a"));
+        assert_eq!(s.lease_transitions, Some(5));
+        assert_eq!(s.lease_duration_seconds, Some(10));
+    }
+
+    #[tokio::test]
+    async fn run_leads_and_releases_on_shutdown() {
+        let api = server().await;
+        let a = elector(&api, "a", Duration::from_secs(1));
+        let (tx, mut leading) = watch::channel(false);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(a.run(tx, shutdown.clone()));
+        tokio::time::timeout(Duration::from_secs(5), leading.wait_for(|l| *l))
+            .await
+            .expect("leads within 5 s")
+            .unwrap();
+        assert_eq!(spec(&api).holder_identity.as_deref(), Some("a"));
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("stops within 5 s")
+            .unwrap();
+        assert!(!*leading.borrow());
+        let s = spec(&api);
+        assert_eq!(s.holder_identity, None, "released");
+        // A successor takes it at once.
+        let mut b = elector(&api, "b", Duration::from_secs(15));
+        assert!(b.try_acquire_or_renew().await.unwrap());
+        assert_eq!(spec(&api).lease_transitions, Some(1));
+    }
+}

@@ -373,7 +373,7 @@ async fn lead(
         }
         metrics.leader.set(1);
         let term = shutdown.child_token();
-        let nodes = spawn_store::<Node>(client.clone(), term.clone());
+        let (nodes, node_writer) = reflector::store::<Node>();
         let pod_store = reflector::store::<Pod>();
         let (status_tx, status_rx) = mpsc::unbounded_channel();
         let pod_ctx = Arc::new(PodContext {
@@ -383,13 +383,20 @@ async fn lead(
             scope: scope.clone(),
             metrics: metrics.clone(),
             status_triggers: status_tx,
+            written: Default::default(),
         });
         let status_ctx = Arc::new(StatusContext {
             client: client.clone(),
             pods: pod_store.0.clone(),
             metrics: metrics.clone(),
         });
-        let pods_task = tokio::spawn(pods::run(pod_ctx, pod_store, workers, term.clone()));
+        let pods_task = tokio::spawn(pods::run(
+            pod_ctx,
+            pod_store,
+            node_writer,
+            workers,
+            term.clone(),
+        ));
         let status_task = tokio::spawn(status::run(status_ctx, status_rx, term.clone()));
         tracing::info!("controllers started");
         tokio::select! {
