@@ -17,4 +17,5 @@ pub mod metrics;
 pub mod pod;
 pub mod probe;
 pub mod runner;
+pub mod shutdown;
 pub mod sidecar;

@@ -172,23 +172,6 @@ struct RunArgs {
     exec_mode: ExecMode,
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only Ctrl-C stops podprobe");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 fn init_logging(level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
@@ -264,7 +247,7 @@ fn main() -> ExitCode {
                     metrics_addr: args.metrics_addr,
                     exec_mode: args.exec_mode,
                 };
-                match sidecar::run(options, termination()).await {
+                match sidecar::run(options, podprobe::shutdown::termination()).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
                         tracing::error!("{e}");

@@ -416,21 +416,7 @@ async fn lead(
 }
 
 /// Resolves on SIGTERM or SIGINT.
-pub async fn termination() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only Ctrl-C stops the manager");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
+pub use podprobe::shutdown::termination;
 
 /// The binary's `run`: start, wait for SIGTERM, shut down gracefully (at most 25 s).
 pub async fn main(args: &RunArgs) -> Result<(), RunError> {
