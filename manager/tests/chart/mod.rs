@@ -6,7 +6,8 @@
 //!    `toYaml ... | nindent N`) is dropped: both branches of an `if` stay, a `range` body
 //!    appears once, and an inserted block renders as nothing (templates are written so that this
 //!    is still valid YAML, e.g. no key set in both branches of an `if`);
-//! 2. every other `{{ ... }}` is replaced: `.Values.a.b` (optionally `| quote`) by the scalar at
+//! 2. every other `{{ ... }}` is replaced: `.Values.a.b` or `$.Values.a.b` (optionally
+//!    `| quote`) by the scalar at
 //!    `a.b` in values.yaml, `.Release.Name`/`.Release.Namespace` by `podprobe`/
 //!    `podprobe-system`, anything else by the word `TEMPLATED`.
 
@@ -29,7 +30,8 @@ fn replacement(action: &str, values: &serde_json::Value) -> String {
         .trim_end_matches('-')
         .trim()
         .trim_end_matches("| quote")
-        .trim();
+        .trim()
+        .trim_start_matches('$');
     match expr {
         ".Release.Name" => return "podprobe".into(),
         ".Release.Namespace" => return "podprobe-system".into(),
