@@ -1,0 +1,431 @@
+//! The chart's ValidatingAdmissionPolicy for the sidecar (charts/podprobe/templates/
+//! admission-policy.yaml), evaluated as committed: the test reads the template, extracts
+//! `matchConditions`, `variables` and `validations`, and runs them with the `cel` crate against
+//! admission requests a sidecar (or an attacker holding its token) could send.
+//!
+//! Evaluation follows the apiserver's: a request is in scope when every match condition is
+//! true; variables are evaluated in order, each seeing the earlier ones as `variables.<name>`;
+//! the request is allowed when every validation is true (false or an error denies:
+//! `failurePolicy: Fail`).
+//!
+//! What this does not check, and why it still means something: the `cel` crate is an untyped
+//! interpreter, so a CEL type error the apiserver would report when the policy is created
+//! (it type-checks against the Pod schema) is not caught here; the objects here are plain JSON
+//! maps, which is how the apiserver presents unstructured objects to CEL (unset field = absent
+//! key, so `has()` behaves the same). The policy uses no Kubernetes CEL library function and
+//! no optional types (`[?...]`, `.orValue()`), precisely so that it means the same in both.
+
+mod chart;
+
+use std::sync::Arc;
+
+use cel::{Context, Env, Value};
+use serde_json::{Value as Json, json};
+
+const SA: &str = "system:serviceaccount:games:podprobe-sidecar";
+const UID: &str = "0b5e4d2c-1111-4a4a-8c8c-000000000001";
+const PROBES: &str = r#"[{"name":"healthy","containerName":"game","probe":{"tcpSocket":{"port":"game"},"periodSeconds":5},"podConditionType":"game.kruise.io/healthy"},{"name":"idle","containerName":"game","probe":{"exec":{"command":["sh","-c","echo \"podConditionType\":\"Ready\""]}},"podConditionType":"game.kruise.io/idle"}]"#;
+
+struct Policy {
+    match_conditions: Vec<(String, String)>,
+    variables: Vec<(String, String)>,
+    validations: Vec<String>,
+}
+
+fn policy() -> Policy {
+    let docs = chart::documents("admission-policy.yaml");
+    let vap = docs
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .expect("a ValidatingAdmissionPolicy");
+    let named = |key: &str| -> Vec<(String, String)> {
+        vap["spec"][key]
+            .as_array()
+            .unwrap_or_else(|| panic!("spec.{key}"))
+            .iter()
+            .map(|v| {
+                (
+                    v["name"].as_str().expect("name").to_owned(),
+                    v["expression"].as_str().expect("expression").to_owned(),
+                )
+            })
+            .collect()
+    };
+    let validations = vap["spec"]["validations"]
+        .as_array()
+        .expect("spec.validations")
+        .iter()
+        .map(|v| v["expression"].as_str().expect("expression").to_owned())
+        .collect();
+    Policy {
+        match_conditions: named("matchConditions"),
+        variables: named("variables"),
+        validations,
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    NotMatched,
+    Allowed,
+    /// The first failing validation (its expression) and what it evaluated to.
+    Denied(String, String),
+}
+
+fn eval(env: &Arc<Env>, ctx: &Context, expr: &str) -> Result<Value, String> {
+    let program = env
+        .compile(expr)
+        .unwrap_or_else(|e| panic!("does not parse: {expr}: {e:?}"));
+    program.execute(ctx).map_err(|e| format!("{e:?}"))
+}
+
+fn admit(request: &Json, object: &Json, old: &Json) -> Verdict {
+    let policy = policy();
+    let env = Arc::new(Env::stdlib());
+    let mut ctx = Context::with_env(env.clone());
+    ctx.add_variable("request", cel::to_value(request).unwrap())
+        .unwrap();
+    ctx.add_variable("object", cel::to_value(object).unwrap())
+        .unwrap();
+    ctx.add_variable("oldObject", cel::to_value(old).unwrap())
+        .unwrap();
+    for (name, expr) in &policy.match_conditions {
+        match eval(&env, &ctx, expr) {
+            Ok(Value::Bool(true)) => {}
+            Ok(Value::Bool(false)) => return Verdict::NotMatched,
+            other => panic!("match condition {name} must not error: {other:?}"),
+        }
+    }
+    let mut variables = serde_json::Map::new();
+    for (name, expr) in &policy.variables {
+        let value = eval(&env, &ctx, expr)
+            .unwrap_or_else(|e| panic!("variable {name} must not error: {e}"));
+        let value = value
+            .json()
+            .unwrap_or_else(|e| panic!("variable {name}: {e:?}"));
+        variables.insert(name.clone(), value);
+        ctx.add_variable("variables", cel::to_value(&variables).unwrap())
+            .unwrap();
+    }
+    for expr in &policy.validations {
+        match eval(&env, &ctx, expr) {
+            Ok(Value::Bool(true)) => {}
+            other => return Verdict::Denied(expr.clone(), format!("{other:?}")),
+        }
+    }
+    Verdict::Allowed
+}
+
+fn sidecar_of(pod: &str, uid: &str) -> Json {
+    json!({
+        "username": SA,
+        "uid": "u-1",
+        "groups": ["system:serviceaccounts", "system:serviceaccounts:games", "system:authenticated"],
+        "extra": {
+            "authentication.kubernetes.io/pod-name": [pod],
+            "authentication.kubernetes.io/pod-uid": [uid],
+            "authentication.kubernetes.io/credential-id": ["JTI=abc"],
+        },
+    })
+}
+
+fn request(user: Json) -> Json {
+    json!({
+        "operation": "UPDATE",
+        "subResource": "status",
+        "namespace": "games",
+        "name": "game-server-0",
+        "userInfo": user,
+    })
+}
+
+fn condition(t: &str, status: &str, time: &str) -> Json {
+    json!({"type": t, "status": status, "lastProbeTime": null, "lastTransitionTime": time})
+}
+
+/// The stored pod: kubelet's conditions, one probe condition already written.
+fn stored() -> Json {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "game-server-0",
+            "namespace": "games",
+            "uid": UID,
+            "labels": {"app": "game"},
+            "annotations": {"kruise.io/podprobe": PROBES, "kruise.io/podprobemarker-list": "game"},
+        },
+        "spec": {"containers": [{"name": "game", "image": "example.com/game:1"}], "serviceAccountName": "podprobe-sidecar"},
+        "status": {
+            "phase": "Running",
+            "podIP": "10.0.0.7",
+            "conditions": [
+                condition("Initialized", "True", "2026-01-01T00:00:00Z"),
+                condition("Ready", "True", "2026-01-01T00:00:05Z"),
+                condition("ContainersReady", "True", "2026-01-01T00:00:05Z"),
+                condition("PodScheduled", "True", "2026-01-01T00:00:00Z"),
+                condition("game.kruise.io/healthy", "True", "2026-01-01T00:00:10Z"),
+            ],
+            "containerStatuses": [{"name": "game", "ready": true, "restartCount": 0}],
+        },
+    })
+}
+
+fn conditions(pod: &mut Json) -> &mut Vec<Json> {
+    pod["status"]["conditions"].as_array_mut().unwrap()
+}
+
+fn own_sidecar() -> Json {
+    request(sidecar_of("game-server-0", UID))
+}
+
+fn assert_denied(verdict: Verdict, containing: &str) {
+    match verdict {
+        Verdict::Denied(expr, _) => assert!(
+            expr.contains(containing),
+            "denied, but by another validation than expected ({containing}): {expr}"
+        ),
+        other => panic!("expected a denial ({containing}), got {other:?}"),
+    }
+}
+
+#[test]
+fn policy_parses_and_uses_no_kubernetes_only_functions() {
+    let p = policy();
+    assert!(!p.match_conditions.is_empty() && !p.validations.is_empty());
+    let env = Env::stdlib();
+    for expr in p
+        .match_conditions
+        .iter()
+        .chain(&p.variables)
+        .map(|(_, e)| e)
+        .chain(&p.validations)
+    {
+        env.compile(expr)
+            .unwrap_or_else(|e| panic!("{expr}: {e:?}"));
+        for k8s_only in [
+            "orValue",
+            "[?",
+            ".?",
+            "optional.",
+            "url(",
+            "quantity(",
+            "ip(",
+            "cidr(",
+        ] {
+            assert!(!expr.contains(k8s_only), "{k8s_only} in {expr}");
+        }
+    }
+}
+
+#[test]
+fn own_pod_writing_its_own_condition_is_allowed() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new)[4] = condition("game.kruise.io/healthy", "False", "2026-01-01T00:01:00Z");
+    assert_eq!(admit(&own_sidecar(), &new, &old), Verdict::Allowed);
+}
+
+#[test]
+fn own_pod_adding_a_declared_condition_is_allowed() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new).push(condition(
+        "game.kruise.io/idle",
+        "True",
+        "2026-01-01T00:01:00Z",
+    ));
+    assert_eq!(admit(&own_sidecar(), &new, &old), Verdict::Allowed);
+}
+
+#[test]
+fn removing_its_own_condition_is_allowed() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new).remove(4);
+    assert_eq!(admit(&own_sidecar(), &new, &old), Verdict::Allowed);
+}
+
+#[test]
+fn a_write_that_changes_nothing_is_allowed() {
+    assert_eq!(
+        admit(&own_sidecar(), &stored(), &stored()),
+        Verdict::Allowed
+    );
+}
+
+#[test]
+fn another_pod_is_denied() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new)[4] = condition("game.kruise.io/healthy", "False", "2026-01-01T00:01:00Z");
+    let other = request(sidecar_of(
+        "game-server-1",
+        "0b5e4d2c-2222-4a4a-8c8c-000000000002",
+    ));
+    assert_denied(admit(&other, &new, &old), "variables.podName");
+    // The name alone decides it too (validations are checked one by one, name first).
+    let other_name = request(sidecar_of("game-server-1", UID));
+    assert_denied(admit(&other_name, &new, &old), "variables.podName");
+}
+
+#[test]
+fn same_name_but_another_uid_is_denied() {
+    // A replacement pod with the old pod's name: the old pod's token must not write it.
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new)[4] = condition("game.kruise.io/healthy", "False", "2026-01-01T00:01:00Z");
+    let stale = request(sidecar_of(
+        "game-server-0",
+        "0b5e4d2c-9999-4a4a-8c8c-000000000009",
+    ));
+    assert_denied(admit(&stale, &new, &old), "variables.podUID");
+}
+
+#[test]
+fn missing_pod_claims_are_denied() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new)[4] = condition("game.kruise.io/healthy", "False", "2026-01-01T00:01:00Z");
+    // A legacy Secret-based token: no extra at all.
+    let legacy = request(json!({"username": SA, "groups": ["system:serviceaccounts"]}));
+    assert_denied(admit(&legacy, &new, &old), "variables.podName");
+    // Extra present, pod-name missing (uid present).
+    let mut partial = sidecar_of("game-server-0", UID);
+    partial["extra"]
+        .as_object_mut()
+        .unwrap()
+        .remove("authentication.kubernetes.io/pod-name");
+    assert_denied(admit(&request(partial), &new, &old), "variables.podName");
+    // pod-name present, pod-uid missing.
+    let mut no_uid = sidecar_of("game-server-0", UID);
+    no_uid["extra"]
+        .as_object_mut()
+        .unwrap()
+        .remove("authentication.kubernetes.io/pod-uid");
+    assert_denied(admit(&request(no_uid), &new, &old), "variables.podUID");
+}
+
+#[test]
+fn label_change_through_status_is_denied() {
+    let old = stored();
+    let mut new = stored();
+    new["metadata"]["labels"]["game.kruise.io/state"] = json!("idle");
+    assert_denied(admit(&own_sidecar(), &new, &old), "object.metadata.labels");
+    // Adding labels to a pod without any is a change too.
+    let mut old = stored();
+    old["metadata"].as_object_mut().unwrap().remove("labels");
+    assert_denied(admit(&own_sidecar(), &new, &old), "object.metadata.labels");
+}
+
+#[test]
+fn annotation_change_through_status_is_denied() {
+    // In particular, widening its own kruise.io/podprobe to declare kubelet's Ready.
+    let old = stored();
+    let mut new = stored();
+    new["metadata"]["annotations"]["kruise.io/podprobe"] =
+        json!(r#"[{"name":"x","containerName":"game","probe":{},"podConditionType":"Ready"}]"#);
+    conditions(&mut new)[1] = condition("Ready", "False", "2026-01-01T00:01:00Z");
+    assert!(matches!(
+        admit(&own_sidecar(), &new, &old),
+        Verdict::Denied(..)
+    ));
+    let mut new = stored();
+    new["metadata"]["annotations"]["x"] = json!("y");
+    assert_denied(
+        admit(&own_sidecar(), &new, &old),
+        "object.metadata.annotations",
+    );
+}
+
+#[test]
+fn phase_or_container_status_change_is_denied() {
+    let old = stored();
+    let mut new = stored();
+    new["status"]["phase"] = json!("Failed");
+    assert_denied(admit(&own_sidecar(), &new, &old), "object.status.phase");
+    let mut new = stored();
+    new["status"]["containerStatuses"][0]["ready"] = json!(false);
+    assert_denied(admit(&own_sidecar(), &new, &old), "containerStatuses");
+}
+
+#[test]
+fn undeclared_condition_type_is_denied() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new).push(condition(
+        "game.kruise.io/other",
+        "True",
+        "2026-01-01T00:01:00Z",
+    ));
+    assert_denied(admit(&own_sidecar(), &new, &old), "c.type");
+    // A prefix of a declared type is not declared (the closing quote is part of the match).
+    let mut new = stored();
+    conditions(&mut new).push(condition(
+        "game.kruise.io/health",
+        "True",
+        "2026-01-01T00:01:00Z",
+    ));
+    assert_denied(admit(&own_sidecar(), &new, &old), "c.type");
+}
+
+#[test]
+fn quoted_text_inside_a_probe_does_not_declare_a_type() {
+    // PROBES carries `"podConditionType":"Ready"` inside an exec argument, JSON-escaped.
+    assert!(PROBES.contains(r#"\"podConditionType\":\"Ready\""#));
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new)[1] = condition("Ready", "False", "2026-01-01T00:01:00Z");
+    assert_denied(admit(&own_sidecar(), &new, &old), "c.type");
+}
+
+#[test]
+fn kubelet_ready_changed_or_removed_is_denied() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new)[1] = condition("Ready", "False", "2026-01-01T00:01:00Z");
+    assert_denied(admit(&own_sidecar(), &new, &old), "c.type");
+    let mut new = stored();
+    conditions(&mut new).remove(1);
+    assert_denied(admit(&own_sidecar(), &new, &old), "o.type");
+}
+
+#[test]
+fn a_pod_without_the_annotation_allows_no_condition_write() {
+    let mut old = stored();
+    old["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("kruise.io/podprobe");
+    let mut new = old.clone();
+    conditions(&mut new)[4] = condition("game.kruise.io/healthy", "False", "2026-01-01T00:01:00Z");
+    assert_denied(admit(&own_sidecar(), &new, &old), "c.type");
+}
+
+#[test]
+fn first_condition_on_a_pod_without_conditions_is_allowed() {
+    let mut old = stored();
+    old["status"].as_object_mut().unwrap().remove("conditions");
+    let mut new = old.clone();
+    new["status"]["conditions"] = json!([condition(
+        "game.kruise.io/healthy",
+        "True",
+        "2026-01-01T00:01:00Z"
+    )]);
+    assert_eq!(admit(&own_sidecar(), &new, &old), Verdict::Allowed);
+}
+
+#[test]
+fn other_users_are_not_matched() {
+    let old = stored();
+    let mut new = stored();
+    conditions(&mut new)[1] = condition("Ready", "False", "2026-01-01T00:01:00Z");
+    let kubelet = request(json!({"username": "system:node:vk-0", "groups": ["system:nodes"]}));
+    assert_eq!(admit(&kubelet, &new, &old), Verdict::NotMatched);
+    let other_sa = request(json!({"username": "system:serviceaccount:games:game-server"}));
+    assert_eq!(admit(&other_sa, &new, &old), Verdict::NotMatched);
+    // A name that merely ends like ours in another namespace is still our sidecar's name:
+    // matched (and so confined), never exempted.
+    let same_name = request(json!({"username": "system:serviceaccount:other:podprobe-sidecar"}));
+    assert!(matches!(admit(&same_name, &new, &old), Verdict::Denied(..)));
+}
