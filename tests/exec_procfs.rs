@@ -5,6 +5,8 @@
 //! machine forbids chroot. Every child is spawned through podprobe's reaper.
 #[path = "support/rootfs.rs"]
 mod rootfs;
+#[path = "support/zombies.rs"]
+mod zombies;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -166,7 +168,7 @@ async fn timeout_kills_the_whole_group_without_zombies() {
     tokio::time::timeout(10 * SEC, gone)
         .await
         .unwrap_or_else(|_| panic!("background child {bg} survived the timeout kill"));
-    assert_eq!(rootfs::zombie_children(), Vec::<i32>::new());
+    assert_eq!(zombies::zombie_children(), Vec::<i32>::new());
     assert!(
         alive(f.target.pid),
         "the target process must not be touched"

@@ -4,6 +4,9 @@
 //! children of the process), so no test here may use `std::process::Command::output` & co.
 use std::time::Duration;
 
+#[path = "support/zombies.rs"]
+mod zombies;
+
 use podprobe::probe::{
     AttemptError, ExecAction, Handler, MAX_MESSAGE_BYTES, MAX_READ_BYTES, Outcome, Prober, Target,
     exec, reaper,
@@ -185,30 +188,6 @@ async fn background_child_holding_the_pipe_does_not_block() {
     assert!(started.elapsed() < 2 * SEC, "{:?}", started.elapsed());
 }
 
-fn zombie_children() -> Vec<i32> {
-    let me = std::process::id() as i32;
-    let mut zombies = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // pid (comm) state ppid ...; comm may contain spaces, so split after the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next();
-        let ppid: Option<i32> = fields.next().and_then(|p| p.parse().ok());
-        if state == Some("Z") && ppid == Some(me) {
-            zombies.push(pid);
-        }
-    }
-    zombies
-}
-
 /// Many probes that leave a background child behind: every orphan is reaped, no zombie remains.
 #[tokio::test]
 async fn orphaned_grandchildren_are_reaped() {
@@ -223,7 +202,7 @@ async fn orphaned_grandchildren_are_reaped() {
         .await
         .expect("not every orphan was reaped")
         .unwrap();
-    assert_eq!(zombie_children(), Vec::<i32>::new());
+    assert_eq!(zombies::zombie_children(), Vec::<i32>::new());
 }
 
 /// Fast-exiting children started concurrently: each status reaches its own attempt.
