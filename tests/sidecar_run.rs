@@ -14,46 +14,6 @@ use testkit::Fault;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
-/// GET on the sidecar's metrics endpoint.
-async fn metrics(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
-}
-
-/// Attempts counted so far for a condition type (all results), from /metrics.
-async fn attempts(port: u16, condition: &str) -> u64 {
-    let Some(text) = metrics(port).await else {
-        return 0;
-    };
-    text.lines()
-        .filter(|l| {
-            l.starts_with("podprobe_probe_attempts_total")
-                && l.contains(&format!("condition=\"{condition}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// Waits until `condition` has had at least `n` attempts (the sidecar's own count).
-async fn wait_attempts(port: u16, condition: &str, n: u64) {
-    let wait = async {
-        while attempts(port, condition).await < n {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(n + 30), wait)
-        .await
-        .unwrap_or_else(|_| panic!("{condition}: fewer than {n} attempts"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_follow_exec_tcp_and_http_probes() {
     let cluster = Cluster::start().await;
