@@ -124,6 +124,10 @@ pub enum ProbeError {
     EmptyConditionType,
     #[error("podConditionType: {0:?} is owned by the kubelet or Kruise")]
     ReservedConditionType(String),
+    #[error(
+        "podConditionType: {0:?} is not a qualified name, which the apiserver requires of a pod condition type ({1})"
+    )]
+    InvalidConditionType(String, String),
     #[error("podConditionType: {0:?} is already used by probe #{1}; the first entry wins")]
     DuplicateConditionType(String, usize),
     #[error("probe: must specify a handler type (exec, httpGet, tcpSocket or grpc)")]
@@ -276,6 +280,15 @@ pub fn validate(
         .ok_or(ProbeError::EmptyConditionType)?;
     if RESERVED_CONDITION_TYPES.contains(&condition_type.as_str()) {
         return Err(ProbeError::ReservedConditionType(condition_type));
+    }
+    // One condition type the apiserver refuses makes it reject the whole status patch, so
+    // writing it would hold back every other probe's condition.
+    let name_errors = crate::names::qualified_name_errors(&condition_type);
+    if !name_errors.is_empty() {
+        return Err(ProbeError::InvalidConditionType(
+            condition_type,
+            name_errors.join("; "),
+        ));
     }
     let container_ports = match pod {
         Some(pod) => Some(

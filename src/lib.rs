@@ -5,6 +5,7 @@
 //! - [`runner`]: workers with timing, thresholds and state;
 //! - [`condition`]: transitions to pod conditions and the status patch;
 //! - [`pod`]: the sidecar's view of its pod (apiserver watch or downward-API file);
+//! - [`names`]: Kubernetes name rules (qualified names) shared with the manager;
 //! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
 //! - [`sidecar`], [`check`], [`demo`]: the `run`, `check` and `demo` commands.
 
@@ -14,6 +15,7 @@ pub mod condition;
 pub mod demo;
 pub mod events;
 pub mod metrics;
+pub mod names;
 pub mod pod;
 pub mod probe;
 pub mod runner;

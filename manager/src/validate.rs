@@ -29,6 +29,7 @@ const RESERVED_PROBE_NAMES: &[&str] = &[
 
 // Condition types the sidecar will not write, because the kubelet or Kruise own them.
 use podprobe::annotation::RESERVED_CONDITION_TYPES;
+use podprobe::names::{is_qualified_part, qualified_name_errors};
 
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 
@@ -589,74 +590,6 @@ fn validate_labels(labels: &BTreeMap<String, String>, path: &str) -> Vec<FieldEr
         }
     }
     errors
-}
-
-/// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`
-fn is_qualified_part(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
-}
-
-/// apimachinery's `IsQualifiedName`: optional DNS-subdomain prefix, `/`, name ≤ 63 chars.
-fn qualified_name_errors(value: &str) -> Vec<String> {
-    const NAME_RULE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
-    let mut msgs = Vec::new();
-    let parts: Vec<&str> = value.split('/').collect();
-    let name = match parts.as_slice() {
-        [name] => *name,
-        [prefix, name] => {
-            if prefix.is_empty() {
-                msgs.push("prefix part must be non-empty".to_owned());
-            } else {
-                msgs.extend(
-                    dns_subdomain_errors(prefix)
-                        .into_iter()
-                        .map(|m| format!("prefix part {m}")),
-                );
-            }
-            *name
-        }
-        _ => {
-            return vec![format!(
-                "a qualified name {NAME_RULE}, with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
-            )];
-        }
-    };
-    if name.is_empty() {
-        msgs.push("name part must be non-empty".to_owned());
-    } else if name.len() > 63 {
-        msgs.push("name part must be no more than 63 characters".to_owned());
-    }
-    if !is_qualified_part(name) {
-        msgs.push(format!("name part {NAME_RULE}"));
-    }
-    msgs
-}
-
-fn dns_subdomain_errors(value: &str) -> Vec<&'static str> {
-    let mut msgs = Vec::new();
-    if value.len() > 253 {
-        msgs.push("must be no more than 253 characters");
-    }
-    let label_ok = |l: &str| {
-        let b = l.as_bytes();
-        !b.is_empty()
-            && b[0].is_ascii_alphanumeric()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-            && b.iter()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-            && !b.iter().any(u8::is_ascii_uppercase)
-    };
-    if !value.split('.').all(label_ok) {
-        msgs.push(
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
-        );
-    }
-    msgs
 }
 
 fn label_value_errors(value: &str) -> Vec<&'static str> {

@@ -209,7 +209,8 @@ fn entry_level_errors() {
         {"name":"p","containerName":"main","probe":{"tcpSocket":{"port":80}},"podConditionType":"Ready"},
         {"name":"good","containerName":"main","probe":{"tcpSocket":{"port":80}},"podConditionType":"e"},
         {"name":"dup","containerName":"envoy","probe":{"tcpSocket":{"port":81}},"podConditionType":"e"},
-        "not an object"
+        "not an object",
+        {"name":"p","containerName":"main","probe":{"tcpSocket":{"port":80}},"podConditionType":"not a qualified name!"}
     ]"#;
     let set = parse(value, Some(&containers)).unwrap();
     let errors: Vec<_> = set
@@ -228,9 +229,16 @@ fn entry_level_errors() {
             (5, ProbeError::ReservedConditionType("Ready".into())),
             (7, ProbeError::DuplicateConditionType("e".into(), 6)),
             (8, set.invalid[7].error.clone()),
+            (9, set.invalid[8].error.clone()),
         ]
     );
     assert!(matches!(set.invalid[7].error, ProbeError::Decode(_)));
+    assert!(
+        matches!(&set.invalid[8].error, ProbeError::InvalidConditionType(t, why)
+            if t == "not a qualified name!" && why.contains("alphanumeric")),
+        "{:?}",
+        set.invalid[8]
+    );
     // The good probe survives its bad neighbours; the first entry of a condition type wins.
     assert_eq!(set.probes.len(), 1);
     assert_eq!(set.probes[0].name, "good");
