@@ -41,6 +41,10 @@ impl Default for WriterConfig {
 #[derive(Debug, Default)]
 struct State {
     pending: BTreeMap<String, PodCondition>,
+    /// Conditions the apiserver refused as invalid (422) on their own: retried after a backoff,
+    /// apart from the others, so one refused condition never holds back the rest. A newer
+    /// result of the same type replaces a parked one.
+    parked: BTreeMap<String, PodCondition>,
     in_flight: bool,
 }
 
@@ -75,6 +79,7 @@ impl ConditionWriter {
     /// Queues a condition; a newer one of the same type replaces an older pending one.
     pub fn submit(&self, condition: PodCondition) {
         let mut state = self.lock();
+        state.parked.remove(&condition.type_);
         state.pending.insert(condition.type_.clone(), condition);
         drop(state);
         self.shared.wake.notify_one();
@@ -83,7 +88,7 @@ impl ConditionWriter {
     /// Whether nothing is pending or in flight.
     pub fn is_idle(&self) -> bool {
         let state = self.lock();
-        state.pending.is_empty() && !state.in_flight
+        state.pending.is_empty() && state.parked.is_empty() && !state.in_flight
     }
 
     /// Waits until everything submitted is written, at most `limit`. Returns whether it was.
@@ -125,12 +130,35 @@ async fn write_loop(
 ) {
     let mut backoff = config.backoff_min;
     let mut coalesce = true;
+    // After a 422 for a batch: send one condition per patch until the pending set drains, so
+    // the one the apiserver refuses cannot hold back the others.
+    let mut isolate = false;
     loop {
         let woken = shared.wake.notified();
-        if lock(&shared).pending.is_empty() {
+        let (nothing_pending, nothing_parked) = {
+            let state = lock(&shared);
+            (state.pending.is_empty(), state.parked.is_empty())
+        };
+        if nothing_pending && nothing_parked {
             shared.idle.notify_waiters();
             woken.await;
             coalesce = true;
+        } else if nothing_pending {
+            // Only refused conditions are left: try them again after the backoff, or write a
+            // new result first if one arrives meanwhile.
+            tokio::select! {
+                () = woken => coalesce = true,
+                () = tokio::time::sleep(jitter(backoff)) => {
+                    backoff = (backoff * 2).min(config.backoff_max);
+                    let mut state = lock(&shared);
+                    let parked = std::mem::take(&mut state.parked);
+                    for (kind, condition) in parked {
+                        state.pending.entry(kind).or_insert(condition);
+                    }
+                    coalesce = false;
+                }
+            }
+            continue;
         }
         if coalesce {
             tokio::time::sleep(config.coalesce).await;
@@ -145,10 +173,19 @@ async fn write_loop(
         let batch: Vec<PodCondition> = {
             let mut state = lock(&shared);
             state.in_flight = true;
-            std::mem::take(&mut state.pending).into_values().collect()
+            if isolate {
+                state
+                    .pending
+                    .pop_first()
+                    .map(|(_, c)| vec![c])
+                    .unwrap_or_default()
+            } else {
+                std::mem::take(&mut state.pending).into_values().collect()
+            }
         };
         if batch.is_empty() {
             lock(&shared).in_flight = false;
+            isolate = false;
             continue;
         }
         let patch = status_patch(&pod_uid, &batch);
@@ -158,23 +195,44 @@ async fn write_loop(
         match result {
             Ok(_) => {
                 metrics.write_ok();
-                backoff = config.backoff_min;
-                coalesce = true;
                 let types: Vec<&str> = batch.iter().map(|c| c.type_.as_str()).collect();
                 tracing::debug!(pod = %name, conditions = ?types, "conditions written");
-                lock(&shared).in_flight = false;
+                let mut state = lock(&shared);
+                state.in_flight = false;
+                if state.parked.is_empty() {
+                    backoff = config.backoff_min;
+                }
+                isolate = isolate && !state.pending.is_empty();
+                coalesce = !isolate;
+            }
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                metrics.write_error(Some(422));
+                coalesce = false;
+                let mut state = lock(&shared);
+                state.in_flight = false;
+                if batch.len() > 1 {
+                    tracing::warn!(pod = %name, conditions = batch.len(), server = %status.message,
+                        "the apiserver refused a patch of several conditions as invalid; writing them one at a time so that the others are not held back");
+                    requeue(&mut state.pending, batch);
+                    isolate = true;
+                } else {
+                    let types: Vec<&str> = batch.iter().map(|c| c.type_.as_str()).collect();
+                    tracing::warn!(pod = %name, conditions = ?types,
+                        "writing conditions of pod {name} failed (the apiserver refused the conditions as invalid); retried with backoff apart from the other conditions: {}",
+                        status.message);
+                    let pending = std::mem::take(&mut state.pending);
+                    requeue(&mut state.parked, batch);
+                    // Anything newer than a parked condition was submitted after it: it wins.
+                    for (kind, condition) in pending {
+                        state.parked.remove(&kind);
+                        state.pending.insert(kind, condition);
+                    }
+                    isolate = isolate && !state.pending.is_empty();
+                }
             }
             Err(error) => {
-                {
-                    let mut state = lock(&shared);
-                    for condition in batch {
-                        state
-                            .pending
-                            .entry(condition.type_.clone())
-                            .or_insert(condition);
-                    }
-                    state.in_flight = false;
-                }
+                requeue(&mut lock(&shared).pending, batch);
+                lock(&shared).in_flight = false;
                 let (code, retry_after) = classify(&error);
                 metrics.write_error(code);
                 tracing::warn!(pod = %name, "{}", explain(&name, code, &error));
@@ -184,6 +242,13 @@ async fn write_loop(
                 tokio::time::sleep(wait).await;
             }
         }
+    }
+}
+
+/// Puts a failed batch back, except where a newer condition of the same type arrived meanwhile.
+fn requeue(into: &mut BTreeMap<String, PodCondition>, batch: Vec<PodCondition>) {
+    for condition in batch {
+        into.entry(condition.type_.clone()).or_insert(condition);
     }
 }
 
@@ -213,11 +278,13 @@ fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
         Some(403) => {
             "RBAC does not allow `patch pods/status` for this service account (see the README's Role)"
         }
+        Some(401) => {
+            "the apiserver no longer accepts this token (a pod-bound token stops working when its pod is deleted)"
+        }
         Some(404) => "the pod no longer exists",
         Some(409) => {
             "the pod's uid differs: it was replaced by a same-named pod, which this sidecar must not write"
         }
-        Some(422) => "the apiserver refused the conditions as invalid",
         Some(429) => "the apiserver asks to slow down",
         Some(c) if c >= 500 => "the apiserver failed",
         Some(_) => "unexpected answer",
