@@ -28,6 +28,7 @@ pub mod faults;
 pub mod journal;
 pub mod openapi;
 pub mod patch;
+pub mod real;
 pub mod resources;
 pub mod selectors;
 mod server;

@@ -1,0 +1,414 @@
+//! A real Kubernetes control plane for the tests (the envtest convention): `etcd` and
+//! `kube-apiserver`, built from the Go modules pinned under `hack/`, started on free loopback
+//! ports with their own CA, service-account keys, static admin token, RBAC authorization, the
+//! admission plugins podprobe relies on (MutatingAdmissionWebhook, ValidatingAdmissionWebhook,
+//! ValidatingAdmissionPolicy, ServiceAccount) and an audit log that serves as the journal of
+//! what clients sent.
+//!
+//! There is no kubelet, scheduler or controller-manager: the test plays the kubelet (it writes
+//! pod status as admin), creates the ServiceAccounts a namespace needs, and finishes graceful
+//! deletions itself. Each [`ControlPlane`] is private to its test; dropping it (also while a
+//! failing test unwinds) kills both processes, and the kernel kills them if the test process
+//! dies first.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), testkit::real::Error> {
+//! let cp = testkit::real::ControlPlane::start().await?;
+//! cp.create_namespace("games").await?;
+//! let admin = cp.client();
+//! # Ok(()) }
+//! ```
+
+pub mod audit;
+mod pki;
+mod process;
+pub mod tools;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+pub use audit::AuditEvent;
+pub use pki::{CertPair, Pki};
+use process::Daemon;
+
+/// The static token of the admin user (group `system:masters`).
+pub const ADMIN_TOKEN: &str = "podprobe-test-admin";
+/// How long the apiserver may take to become ready on a loaded 2-core machine.
+const READY_LIMIT: Duration = Duration::from_secs(180);
+
+/// What can go wrong starting or talking to the control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the Kubernetes tools are not available: {0}")]
+    Tools(String),
+    #[error("cannot start {0}: {1}")]
+    Start(&'static str, String),
+    #[error("{0} exited before the apiserver was ready ({1}); its log ends:\n{2}")]
+    Exited(&'static str, String, String),
+    #[error("kube-apiserver was not ready within {0:?}; last answer: {1}; its log ends:\n{2}")]
+    NotReady(Duration, String, String),
+    #[error("certificate generation failed: {0}")]
+    Cert(#[from] rcgen::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("apiserver request failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// etcd + kube-apiserver, running until dropped.
+#[derive(Debug)]
+pub struct ControlPlane {
+    // Field order is drop order: the apiserver goes before etcd, the directory last.
+    apiserver: Daemon,
+    etcd: Daemon,
+    url: String,
+    pki: Pki,
+    dir: tempfile::TempDir,
+}
+
+impl ControlPlane {
+    /// Builds the tools if needed, starts etcd and kube-apiserver, and waits for `/readyz`.
+    /// A port taken between choosing and binding it makes a daemon exit; that is retried.
+    pub async fn start() -> Result<ControlPlane, Error> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once().await {
+                Err(Error::Exited(name, status, log))
+                    if attempt < 3 && log.contains("address already in use") =>
+                {
+                    tracing::warn!(daemon = name, %status, "port race, starting again");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once() -> Result<ControlPlane, Error> {
+        let apiserver_bin = tools::tool("kube-apiserver")?;
+        let etcd_bin = tools::tool("etcd")?;
+        let dir = tempfile::Builder::new().prefix("podprobe-cp-").tempdir()?;
+        let path = |name: &str| dir.path().join(name);
+        let pki = Pki::new()?;
+        std::fs::write(path("ca.crt"), pki.ca_pem())?;
+        let serving = pki.issue(&["127.0.0.1", "localhost"])?;
+        std::fs::write(path("apiserver.crt"), &serving.cert_pem)?;
+        std::fs::write(path("apiserver.key"), &serving.key_pem)?;
+        std::fs::write(path("sa.key"), pki::signing_key_pem()?)?;
+        std::fs::write(
+            path("tokens.csv"),
+            format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n"),
+        )?;
+        std::fs::write(path("audit-policy.yaml"), audit::POLICY)?;
+
+        let (client_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_client = format!("http://127.0.0.1:{client_port}");
+        let etcd_peer = format!("http://127.0.0.1:{peer_port}");
+        let p = |name: &str| path(name).display().to_string();
+        let etcd_args = vec![
+            "--name=default".to_owned(),
+            format!("--data-dir={}", p("etcd")),
+            format!("--listen-client-urls={etcd_client}"),
+            format!("--advertise-client-urls={etcd_client}"),
+            format!("--listen-peer-urls={etcd_peer}"),
+            format!("--initial-advertise-peer-urls={etcd_peer}"),
+            format!("--initial-cluster=default={etcd_peer}"),
+            // A test cluster's data is thrown away: fsync buys nothing and costs seconds.
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        let etcd = Daemon::spawn("etcd", &etcd_bin, &etcd_args, path("etcd.log"))?;
+        let apiserver_args = vec![
+            format!("--etcd-servers={etcd_client}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={secure_port}"),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--token-auth-file={}", p("tokens.csv")),
+            "--authorization-mode=RBAC".to_owned(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+            format!("--service-account-key-file={}", p("sa.key")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
+            // Added to the default set, which already holds them today; named so a change of
+            // defaults cannot silently drop what the tests are about.
+            "--enable-admission-plugins=ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy".to_owned(),
+            format!("--audit-policy-file={}", p("audit-policy.yaml")),
+            format!("--audit-log-path={}", p("audit.log")),
+            // Nothing serves the `kubernetes` Service's endpoints here.
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--profiling=false".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        let apiserver = Daemon::spawn(
+            "kube-apiserver",
+            &apiserver_bin,
+            &apiserver_args,
+            path("apiserver.log"),
+        )?;
+        let mut cp = ControlPlane {
+            apiserver,
+            etcd,
+            url: format!("https://127.0.0.1:{secure_port}"),
+            pki,
+            dir,
+        };
+        cp.write_kubeconfig_for_token(cp.dir.path().join("admin.kubeconfig"), ADMIN_TOKEN)?;
+        cp.wait_ready().await?;
+        Ok(cp)
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), Error> {
+        let client = self.client();
+        let started = Instant::now();
+        loop {
+            for daemon in [&mut self.etcd, &mut self.apiserver] {
+                if let Some(status) = daemon.exited() {
+                    return Err(Error::Exited(
+                        daemon.name(),
+                        status.to_string(),
+                        daemon.log_tail(30),
+                    ));
+                }
+            }
+            let request = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| Error::Other(e.to_string()))?;
+            let last = match client.request_text(request).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => body,
+                Err(e) => e.to_string(),
+            };
+            if started.elapsed() > READY_LIMIT {
+                return Err(Error::NotReady(
+                    READY_LIMIT,
+                    last,
+                    self.apiserver.log_tail(30),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The CA that signed the apiserver's certificate; also use it for webhook servers.
+    pub fn pki(&self) -> &Pki {
+        &self.pki
+    }
+
+    /// A private directory that lives as long as the control plane.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The admin's kubeconfig (for kubectl, helm and binaries under test).
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("admin.kubeconfig")
+    }
+
+    /// A `kube::Config` authenticating with `token`, trusting exactly the test CA.
+    pub fn config_for_token(&self, token: &str) -> kube::Config {
+        let mut config = kube::Config::new(self.url.parse().expect("a valid url"));
+        config.root_cert = Some(vec![self.pki.ca_der()]);
+        config.auth_info.token = Some(token.to_owned().into());
+        config.default_namespace = "default".into();
+        config
+    }
+
+    pub fn config(&self) -> kube::Config {
+        self.config_for_token(ADMIN_TOKEN)
+    }
+
+    /// An admin client (group `system:masters`).
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config()).expect("a TLS client")
+    }
+
+    pub fn client_for_token(&self, token: &str) -> kube::Client {
+        kube::Client::try_from(self.config_for_token(token)).expect("a TLS client")
+    }
+
+    /// Writes a kubeconfig that authenticates with `token`.
+    pub fn write_kubeconfig_for_token(
+        &self,
+        path: impl AsRef<Path>,
+        token: &str,
+    ) -> Result<(), Error> {
+        let doc = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {
+                "server": self.url,
+                "certificate-authority": self.dir.path().join("ca.crt"),
+            }}],
+            "users": [{"name": "test", "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "default"}}],
+            "current-context": "test",
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
+        Ok(())
+    }
+
+    /// Creates a namespace and its `default` ServiceAccount (no controller-manager runs here
+    /// to create it, and the ServiceAccount admission plugin refuses pods without it).
+    pub async fn create_namespace(&self, name: &str) -> Result<Namespace, Error> {
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        let ns = Api::<Namespace>::all(self.client())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        self.create_service_account(name, "default").await?;
+        Ok(ns)
+    }
+
+    pub async fn create_service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<ServiceAccount, Error> {
+        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        Ok(Api::<ServiceAccount>::namespaced(self.client(), namespace)
+            .create(&PostParams::default(), &sa)
+            .await?)
+    }
+
+    /// A token of `service_account` bound to `pod` (TokenRequest with a Pod `boundObjectRef`),
+    /// exactly what the kubelet mounts into that pod: it carries the
+    /// `authentication.kubernetes.io/pod-name` / `pod-uid` extras and stops working when the
+    /// pod is deleted.
+    pub async fn pod_token(&self, service_account: &str, pod: &Pod) -> Result<String, Error> {
+        let bound = BoundObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Pod".to_owned()),
+            name: pod.metadata.name.clone(),
+            uid: pod.metadata.uid.clone(),
+        };
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        self.token_request(namespace, service_account, Some(bound))
+            .await
+    }
+
+    /// A token of `service_account` bound to nothing (as `kubectl create token` makes).
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<String, Error> {
+        self.token_request(namespace, service_account, None).await
+    }
+
+    async fn token_request(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        bound: Option<BoundObjectReference>,
+    ) -> Result<String, Error> {
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec!["https://kubernetes.default.svc.cluster.local".to_owned()],
+                bound_object_ref: bound,
+                expiration_seconds: Some(3600),
+            },
+            ..TokenRequest::default()
+        };
+        let issued = Api::<ServiceAccount>::namespaced(self.client(), namespace)
+            .create_token_request(service_account, &PostParams::default(), &request)
+            .await?;
+        issued
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| Error::Other("TokenRequest answered without a token".into()))
+    }
+
+    /// The apiserver's own Prometheus metrics.
+    pub async fn metrics(&self) -> Result<String, Error> {
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| Error::Other(e.to_string()))?;
+        Ok(self.client().request_text(request).await?)
+    }
+
+    /// `apiserver_request_total` summed over response codes for one verb (as the metric spells
+    /// it: `PATCH`, `POST`, `WATCH`, ...), resource and subresource (`""` for none).
+    pub async fn request_count(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+    ) -> Result<u64, Error> {
+        Ok(count_requests(
+            &self.metrics().await?,
+            verb,
+            resource,
+            subresource,
+        ))
+    }
+
+    /// Every audit event written so far (stage `ResponseComplete`; request bodies of writes
+    /// to pods and their status, events and leases are included).
+    pub fn audit(&self) -> Result<Vec<AuditEvent>, Error> {
+        audit::read(&self.dir.path().join("audit.log"))
+    }
+
+    /// `kubectl` built from the pinned module, as the admin.
+    pub fn kubectl(&self) -> Result<Command, Error> {
+        let mut command = Command::new(tools::tool("kubectl")?);
+        command.env("KUBECONFIG", self.admin_kubeconfig());
+        Ok(command)
+    }
+
+    /// `helm` built from the pinned module, as the admin, with its state in this control
+    /// plane's directory.
+    pub fn helm(&self) -> Result<Command, Error> {
+        let mut command = Command::new(tools::tool("helm")?);
+        let home = self.dir.path().join("helm");
+        command
+            .env("KUBECONFIG", self.admin_kubeconfig())
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"));
+        Ok(command)
+    }
+
+    /// The last lines of the apiserver's log.
+    pub fn apiserver_log_tail(&self, lines: usize) -> String {
+        self.apiserver.log_tail(lines)
+    }
+}
+
+/// Sums `apiserver_request_total` samples whose labels match.
+pub fn count_requests(metrics: &str, verb: &str, resource: &str, subresource: &str) -> u64 {
+    let wanted = [
+        format!("verb=\"{verb}\""),
+        format!("resource=\"{resource}\""),
+        format!("subresource=\"{subresource}\""),
+    ];
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| wanted.iter().all(|w| l.contains(w.as_str())))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+fn free_port() -> Result<u16, Error> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}

@@ -1,0 +1,62 @@
+//! A long-running child (etcd, kube-apiserver) that cannot outlive the test: killed on drop
+//! (also while a panicking test unwinds), and killed by the kernel if the test process dies
+//! first (`setpriv --pdeathsig KILL`, util-linux, so no `unsafe` pre-exec hook is needed).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::Error;
+
+#[derive(Debug)]
+pub struct Daemon {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `program args...` with its stdout and stderr in `log`.
+    pub fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: PathBuf,
+    ) -> Result<Daemon, Error> {
+        let out = File::create(&log)?;
+        let err = out.try_clone()?;
+        let child = Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| Error::Start(name, format!("{}: {e}", program.display())))?;
+        Ok(Daemon { name, child, log })
+    }
+
+    /// `Some(status)` when the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The last `lines` lines of its log, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
