@@ -6,12 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use kube::Api;
 use serde_json::{Value, json};
 use testkit::ApiServer;
 
 pub const NS: &str = "games";
+
+pub mod real;
 
 pub struct Cluster {
     pub api: ApiServer,
@@ -40,26 +42,16 @@ impl Cluster {
     /// Creates a running pod whose container `main` (ports as given) has started long ago, with
     /// the kubelet's own conditions, and the annotation.
     pub fn create_pod(&self, name: &str, annotation: &str, ports: Value) -> Pod {
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS,
-                         "annotations": {"kruise.io/podprobe": annotation}},
-            "spec": {"nodeName": "vk-1", "containers": [
-                {"name": "main", "image": "game:1", "ports": ports},
-                {"name": "podprobe", "image": "podprobe:dev"}
-            ]}
-        }))
-        .unwrap();
-        self.api.create(&pod).expect("create pod");
+        self.api
+            .create(&game_pod(name, annotation, ports))
+            .expect("create pod");
         self.kubelet_reports_running(name, "containerd://main-1")
     }
 
     /// What the kubelet would write for a running pod: IP, phase, container statuses and its
     /// four conditions.
     pub fn kubelet_reports_running(&self, name: &str, container_id: &str) -> Pod {
-        let long_ago = jiff::Timestamp::from_second(1_767_225_600).unwrap();
-        self.kubelet_reports_started(name, container_id, long_ago)
+        self.kubelet_reports_started(name, container_id, long_ago())
     }
 
     /// As [`kubelet_reports_running`](Self::kubelet_reports_running), with container `main`
@@ -70,28 +62,9 @@ impl Cluster {
         container_id: &str,
         started_at: jiff::Timestamp,
     ) -> Pod {
-        let started = podprobe::condition::kube_time(started_at);
         self.api
             .update_pod_status(NS, name, |status| {
-                *status = serde_json::from_value(json!({
-                    "phase": "Running",
-                    "podIP": "127.0.0.1",
-                    "conditions": [
-                        {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
-                        {"type": "Initialized", "status": "True", "lastTransitionTime": started},
-                        {"type": "ContainersReady", "status": "True", "lastTransitionTime": started},
-                        {"type": "Ready", "status": "True", "lastTransitionTime": started}
-                    ],
-                    "containerStatuses": [
-                        {"name": "main", "ready": true, "restartCount": 0, "image": "game:1",
-                         "imageID": "", "containerID": container_id, "started": true,
-                         "state": {"running": {"startedAt": started}}},
-                        {"name": "podprobe", "ready": true, "restartCount": 0, "image": "podprobe:dev",
-                         "imageID": "", "containerID": "containerd://sidecar", "started": true,
-                         "state": {"running": {"startedAt": started}}}
-                    ]
-                }))
-                .unwrap();
+                *status = running_status(container_id, started_at);
             })
             .expect("update status")
     }
@@ -107,52 +80,122 @@ impl Cluster {
             .expect("set annotation");
     }
 
-    /// Starts `podprobe run` for pod `name` with `extra` flags; its log goes to a file in the
-    /// test directory (printed by [`Sidecar::log`] when a test fails).
+    /// Starts `podprobe run` for pod `name` with `extra` flags, as the admin.
     pub fn sidecar(&self, name: &str, extra: &[&str]) -> Sidecar {
-        let log = self
-            .dir
-            .path()
-            .join(format!("{name}-{}.log", rand_suffix()));
-        let stderr = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_podprobe"))
-            .args(["run", "--pod-name", name, "--pod-namespace", NS])
-            .args(extra)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "podprobe=debug,info")
-            .env_remove("POD_UID")
-            .env_remove("POD_IP")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start podprobe run");
-        Sidecar { child, log }
+        start_sidecar(self.dir.path(), &self.kubeconfig, name, extra)
     }
 
     /// Waits (watching the pod, up to `limit`) until `check` holds for it.
     pub async fn wait_pod(&self, name: &str, limit: Duration, check: impl Fn(&Pod) -> bool) -> Pod {
-        let pods = self.pods();
-        let cond = |pod: Option<&Pod>| pod.is_some_and(&check);
-        match tokio::time::timeout(
-            limit,
-            kube::runtime::wait::await_condition(pods.clone(), name, cond),
-        )
-        .await
-        {
-            Ok(Ok(Some(pod))) => pod,
-            other => {
-                let now = pods.get(name).await.ok();
-                panic!(
-                    "pod {name}: condition not reached within {limit:?} ({other:?}); conditions now: {:#?}",
-                    now.and_then(|p| p.status).and_then(|s| s.conditions)
-                )
-            }
-        }
+        wait_for_pod(&self.pods(), name, limit, check).await
     }
 
     pub fn status_patches(&self) -> usize {
         self.api.journal().count("PATCH", "pods/status")
+    }
+}
+
+/// A pod in [`NS`] with the game container `main` (ports as given) and the sidecar, on node
+/// `vk-1`, carrying `annotation`.
+pub fn game_pod(name: &str, annotation: &str, ports: Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS,
+                     "annotations": {"kruise.io/podprobe": annotation}},
+        "spec": {"nodeName": "vk-1", "containers": [
+            {"name": "main", "image": "game:1", "ports": ports},
+            {"name": "podprobe", "image": "podprobe:dev"}
+        ]}
+    }))
+    .unwrap()
+}
+
+/// 2026-01-01T00:00:00Z: a container start long before any test.
+pub fn long_ago() -> jiff::Timestamp {
+    jiff::Timestamp::from_second(1_767_225_600).unwrap()
+}
+
+/// The status a kubelet reports for a running [`game_pod`]: IP, phase, both containers
+/// started at `started_at` (`main` with `container_id`), and its four conditions.
+pub fn running_status(container_id: &str, started_at: jiff::Timestamp) -> PodStatus {
+    let started = podprobe::condition::kube_time(started_at);
+    serde_json::from_value(json!({
+        "phase": "Running",
+        "podIP": "127.0.0.1",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": started},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": started},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": started},
+            {"type": "Ready", "status": "True", "lastTransitionTime": started}
+        ],
+        "containerStatuses": [
+            {"name": "main", "ready": true, "restartCount": 0, "image": "game:1",
+             "imageID": "", "containerID": container_id, "started": true,
+             "state": {"running": {"startedAt": started}}},
+            {"name": "podprobe", "ready": true, "restartCount": 0, "image": "podprobe:dev",
+             "imageID": "", "containerID": "containerd://sidecar", "started": true,
+             "state": {"running": {"startedAt": started}}}
+        ]
+    }))
+    .unwrap()
+}
+
+/// Starts `podprobe run` for pod `name` in [`NS`] with `extra` flags against the cluster of
+/// `kubeconfig`; its log goes to a file in `dir` (printed by [`Sidecar`]'s drop when a test
+/// fails).
+pub fn start_sidecar(dir: &Path, kubeconfig: &Path, name: &str, extra: &[&str]) -> Sidecar {
+    let log = dir.join(format!("{name}-{}.log", rand_suffix()));
+    let stderr = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_podprobe"))
+        .args(["run", "--pod-name", name, "--pod-namespace", NS])
+        .args(extra)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "podprobe=debug,info")
+        .env_remove("POD_UID")
+        .env_remove("POD_IP")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start podprobe run");
+    Sidecar { child, log }
+}
+
+/// Waits (watching the pod, up to `limit`) until `check` holds for it.
+pub async fn wait_for_pod(
+    pods: &Api<Pod>,
+    name: &str,
+    limit: Duration,
+    check: impl Fn(&Pod) -> bool,
+) -> Pod {
+    let cond = |pod: Option<&Pod>| pod.is_some_and(&check);
+    match tokio::time::timeout(
+        limit,
+        kube::runtime::wait::await_condition(pods.clone(), name, cond),
+    )
+    .await
+    {
+        Ok(Ok(Some(pod))) => pod,
+        other => {
+            let now = pods.get(name).await.ok();
+            panic!(
+                "pod {name}: condition not reached within {limit:?} ({other:?}); conditions now: {:#?}",
+                now.and_then(|p| p.status).and_then(|s| s.conditions)
+            )
+        }
+    }
+}
+
+/// Polls `check` (every 20 ms, up to `limit`) until it holds; panics naming `what` otherwise.
+pub async fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let wait = async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(limit, wait).await.is_err() {
+        panic!("not within {limit:?}: {what}");
     }
 }
 
