@@ -1,0 +1,498 @@
+//! `podprobe run`, the real binary, against a real kube-apiserver and etcd (testkit::real),
+//! authenticated as in a pod: a token of the example's ServiceAccount bound to its pod, with
+//! exactly the Role of `examples/sidecar-by-hand.yaml`. What the sidecar sent is read back from
+//! the apiserver's own audit log and metrics.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use podprobe::demo::{GamePort, serve_health};
+use serde_json::json;
+use support::real::{RealCluster, SIDECAR_SA};
+use support::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("idle");
+    std::fs::write(&flag, "idle").unwrap();
+    let mut game = GamePort::open(0).await.unwrap();
+    let healthy = Arc::new(AtomicBool::new(true));
+    let http = serve_health(healthy.clone()).await.unwrap();
+    let annotation = array(&[
+        file_probe("idle", "game.kruise.io/idle", &flag),
+        json!({"name": "accepting", "containerName": "main",
+               "probe": {"tcpSocket": {"port": game.addr.port()}, "periodSeconds": 1},
+               "podConditionType": "game.kruise.io/accepting"})
+        .to_string(),
+        json!({"name": "healthy", "containerName": "main",
+               "probe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 1},
+               "podConditionType": "game.kruise.io/healthy"})
+        .to_string(),
+    ]);
+    let before = cluster
+        .create_pod(
+            "gs-0",
+            &annotation,
+            json!([{"name": "http", "containerPort": http.port()}]),
+        )
+        .await;
+    let kubelet_conditions = before.status.as_ref().unwrap().conditions.clone().unwrap();
+    let sidecar = cluster.sidecar(&before, &[]).await;
+
+    let pod = cluster
+        .wait_pod("gs-0", LIMIT, |p| {
+            has_status(p, "game.kruise.io/idle", "True")
+                && has_status(p, "game.kruise.io/accepting", "True")
+                && has_status(p, "game.kruise.io/healthy", "True")
+        })
+        .await;
+    let idle = condition(&pod, "game.kruise.io/idle").unwrap().clone();
+    assert_eq!(idle.reason.as_deref(), Some("PodProbeSucceeded"));
+    assert_eq!(idle.message.as_deref(), Some("idle"));
+    assert!(idle.last_probe_time.is_some() && idle.last_transition_time.is_some());
+
+    // Each target goes down.
+    std::fs::remove_file(&flag).unwrap();
+    game.close();
+    healthy.store(false, Ordering::Relaxed);
+    let pod = cluster
+        .wait_pod("gs-0", LIMIT, |p| {
+            has_status(p, "game.kruise.io/idle", "False")
+                && has_status(p, "game.kruise.io/accepting", "False")
+                && has_status(p, "game.kruise.io/healthy", "False")
+        })
+        .await;
+    assert_eq!(
+        condition(&pod, "game.kruise.io/healthy")
+            .unwrap()
+            .message
+            .as_deref(),
+        Some("HTTP probe failed with statuscode: 503")
+    );
+    for kubelet in &kubelet_conditions {
+        assert_eq!(
+            condition(&pod, &kubelet.type_),
+            Some(kubelet),
+            "kubelet's {} untouched",
+            kubelet.type_
+        );
+    }
+
+    // What the apiserver received: uid-guarded patches of conditions only, from a token that
+    // carries this pod's name and uid, all accepted.
+    let uid = before.metadata.uid.clone().unwrap();
+    let writes = cluster.sidecar_status_writes("gs-0");
+    assert!(writes.len() >= 2, "{writes:?}");
+    for write in &writes {
+        assert_eq!(write.code(), 200, "{write:?}");
+        let extra = &write.user.extra;
+        assert_eq!(
+            extra.get("authentication.kubernetes.io/pod-name"),
+            Some(&vec!["gs-0".to_owned()])
+        );
+        assert_eq!(
+            extra.get("authentication.kubernetes.io/pod-uid"),
+            Some(&vec![uid.clone()])
+        );
+        let body = write.request_object.as_ref().expect("request body audited");
+        assert_eq!(body["metadata"], json!({"uid": uid}), "{body}");
+        let status = body["status"].as_object().unwrap();
+        assert!(status.keys().all(|k| k == "conditions"), "{body}");
+    }
+
+    // Its events passed the real events.k8s.io/v1 validation.
+    let events: Api<Event> = Api::namespaced(cluster.cp.client(), NS);
+    let reasons: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["KruiseProbeSucceeded", "KruiseProbeFailed"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    let refused = cluster.audit_by_sidecar(|e| e.code() >= 400);
+    assert!(refused.is_empty(), "refused requests: {refused:#?}");
+    drop(sidecar);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_state_writes_nothing_and_a_transition_writes_once() {
+    let cluster = RealCluster::start().await;
+    let flags: Vec<_> = (0..3)
+        .map(|i| {
+            let f = cluster.dir.path().join(format!("flag-{i}"));
+            std::fs::write(&f, "up").unwrap();
+            f
+        })
+        .collect();
+    let annotation = array(
+        &flags
+            .iter()
+            .enumerate()
+            .map(|(i, f)| file_probe(&format!("p{i}"), &format!("c/{i}"), f))
+            .collect::<Vec<_>>(),
+    );
+    let pod = cluster.create_pod("steady", &annotation, json!([])).await;
+    let port = free_port();
+    let _sidecar = cluster
+        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .await;
+    cluster
+        .wait_pod("steady", LIMIT, |p| {
+            (0..3).all(|i| has_status(p, &format!("c/{i}"), "True"))
+        })
+        .await;
+    let start_attempts = attempts(port, "c/0").await;
+    // One attempt later every write of the initial results has been answered.
+    wait_attempts(port, "c/0", start_attempts + 1).await;
+    let writes = cluster.sidecar_status_writes("steady").len();
+    assert!(
+        (1..=3).contains(&writes),
+        "initial results: at most one write per probe, got {writes}"
+    );
+    let metric_before = cluster
+        .cp
+        .request_count("PATCH", "pods", "status")
+        .await
+        .unwrap();
+
+    // 20 periods of identical results: not one write.
+    wait_attempts(port, "c/0", start_attempts + 20).await;
+    assert_eq!(
+        cluster.sidecar_status_writes("steady").len(),
+        writes,
+        "steady state must not write"
+    );
+
+    // One transition: exactly one write, as the audit log and the apiserver's metrics count.
+    std::fs::remove_file(&flags[1]).unwrap();
+    cluster
+        .wait_pod("steady", LIMIT, |p| has_status(p, "c/1", "False"))
+        .await;
+    let after = attempts(port, "c/1").await;
+    wait_attempts(port, "c/1", after + 3).await;
+    assert_eq!(cluster.sidecar_status_writes("steady").len(), writes + 1);
+    let metric_after = cluster
+        .cp
+        .request_count("PATCH", "pods", "status")
+        .await
+        .unwrap();
+    assert_eq!(
+        metric_after - metric_before,
+        1,
+        "apiserver_request_total{{verb=PATCH,resource=pods,subresource=status}}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apiserver_refuses_a_whole_status_patch_for_one_unqualified_condition_type() {
+    // The premise of the next test, shown on the real server: one condition type that is not
+    // a qualified name makes kube-apiserver reject every condition of the patch with 422.
+    let cluster = RealCluster::start().await;
+    cluster.create_pod("premise", "[]", json!([])).await;
+    let patch = json!({"status": {"conditions": [
+        {"type": "game.kruise.io/fine", "status": "True"},
+        {"type": "not a qualified name!", "status": "True"}
+    ]}});
+    let error = cluster
+        .pods()
+        .patch_status(
+            "premise",
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+        .expect_err("the apiserver must refuse it");
+    let kube::Error::Api(status) = error else {
+        panic!("{error:?}")
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(
+        status.message.contains("not a qualified name!"),
+        "{}",
+        status.message
+    );
+    let pod: Pod = cluster.pods().get("premise").await.unwrap();
+    assert!(condition(&pod, "game.kruise.io/fine").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_with_an_unqualified_condition_type_is_invalid_and_holds_back_nothing() {
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let annotation = array(&[
+        file_probe("bad", "not a qualified name!", &flag),
+        file_probe("good", "game.kruise.io/good", &flag),
+    ]);
+    let pod = cluster.create_pod("gs-q", &annotation, json!([])).await;
+    let sidecar = cluster.sidecar(&pod, &[]).await;
+    cluster
+        .wait_pod("gs-q", LIMIT, |p| {
+            has_status(p, "game.kruise.io/good", "True")
+        })
+        .await;
+    assert!(
+        sidecar.log().contains("is not a qualified name"),
+        "{}",
+        sidecar.log()
+    );
+    let events: Api<Event> = Api::namespaced(cluster.cp.client(), NS);
+    let invalid = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("PodProbeInvalid"))
+        .expect("a PodProbeInvalid event");
+    assert!(
+        invalid
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("not a qualified name"),
+        "{invalid:?}"
+    );
+    let refused = cluster.audit_by_sidecar(|e| e.code() == 422);
+    assert!(refused.is_empty(), "{refused:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_named_replacement_pod_is_never_written() {
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let annotation = array(&[file_probe("p", "c/p", &flag)]);
+    let old = cluster.create_pod("gs-r", &annotation, json!([])).await;
+    let old_uid = old.metadata.uid.clone().unwrap();
+    // A pod-bound token dies with its pod (that case is the next test); a plain token of the
+    // same account shows the uid precondition alone. The file source does not follow the pod,
+    // so the sidecar keeps writing as the old pod.
+    let token = cluster
+        .cp
+        .service_account_token(NS, SIDECAR_SA)
+        .await
+        .unwrap();
+    let annotations = cluster.dir.path().join("annotations");
+    std::fs::write(
+        &annotations,
+        format!(
+            "kruise.io/podprobe={}",
+            podprobe::annotation::go_quote(&annotation)
+        ),
+    )
+    .unwrap();
+    let sidecar = cluster.sidecar_with_token(
+        "gs-r",
+        &token,
+        &[
+            "--source",
+            "file",
+            "--annotations-file",
+            annotations.to_str().unwrap(),
+            "--pod-uid",
+            &old_uid,
+        ],
+    );
+    cluster
+        .wait_pod("gs-r", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+
+    cluster
+        .pods()
+        .delete("gs-r", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let new = cluster.create_pod("gs-r", &annotation, json!([])).await;
+    assert_ne!(new.metadata.uid.as_deref(), Some(old_uid.as_str()));
+    std::fs::remove_file(&flag).unwrap();
+    let refused = cluster
+        .wait_audit("the old sidecar's refused write", LIMIT, |e| {
+            e.is("patch", "pods/status", Some("gs-r")) && e.code() == 409
+        })
+        .await;
+    assert!(refused.user.username.ends_with(SIDECAR_SA), "{refused:?}");
+    let pod: Pod = cluster.pods().get("gs-r").await.unwrap();
+    assert!(
+        condition(&pod, "c/p").is_none(),
+        "the replacement pod got the old pod's condition"
+    );
+    sidecar.wait_log("uid differs", LIMIT).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pods_token_stops_working_and_the_sidecar_says_why() {
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let annotation = array(&[file_probe("p", "c/p", &flag)]);
+    let pod = cluster.create_pod("gs-t", &annotation, json!([])).await;
+    let annotations = cluster.dir.path().join("annotations");
+    std::fs::write(
+        &annotations,
+        format!(
+            "kruise.io/podprobe={}",
+            podprobe::annotation::go_quote(&annotation)
+        ),
+    )
+    .unwrap();
+    let uid = pod.metadata.uid.clone().unwrap();
+    let sidecar = cluster
+        .sidecar(
+            &pod,
+            &[
+                "--source",
+                "file",
+                "--annotations-file",
+                annotations.to_str().unwrap(),
+                "--pod-uid",
+                &uid,
+            ],
+        )
+        .await;
+    cluster
+        .wait_pod("gs-t", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+    cluster
+        .pods()
+        .delete("gs-t", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    std::fs::remove_file(&flag).unwrap();
+    sidecar
+        .wait_log(
+            "a pod-bound token stops working when its pod is deleted",
+            LIMIT,
+        )
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminating_pod_is_no_longer_probed_and_sigterm_exits_0() {
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let pod = cluster
+        .create_pod("gs-d", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
+    let port = free_port();
+    let mut sidecar = cluster
+        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .await;
+    cluster
+        .wait_pod("gs-d", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+
+    // A graceful delete of a pod on a node: the real apiserver keeps it, with a
+    // deletionTimestamp, until the kubelet confirms.
+    cluster
+        .pods()
+        .delete("gs-d", &DeleteParams::default())
+        .await
+        .unwrap();
+    sidecar
+        .wait_log("stopped probing: the pod is terminating", LIMIT)
+        .await;
+    let frozen = attempts(port, "c/p").await;
+    let writes = cluster.sidecar_status_writes("gs-d").len();
+    std::fs::remove_file(&flag).unwrap();
+    // Absence over time can only be observed by letting time pass: 3 periods.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        attempts(port, "c/p").await,
+        frozen,
+        "no attempts after termination began"
+    );
+    assert_eq!(cluster.sidecar_status_writes("gs-d").len(), writes);
+    let pod: Pod = cluster.pods().get("gs-d").await.unwrap();
+    assert!(pod.metadata.deletion_timestamp.is_some());
+    assert!(has_status(&pod, "c/p", "True"));
+    let status = sidecar
+        .terminate(Duration::from_secs(5))
+        .expect("exited after SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_patch_rights_the_sidecar_explains_the_403_and_keeps_probing() {
+    let cluster = RealCluster::start().await;
+    // An account that may read pods but not write their status.
+    cluster
+        .cp
+        .create_service_account(NS, "read-only")
+        .await
+        .unwrap();
+    let mut kubectl = cluster.cp.kubectl().unwrap();
+    let out = kubectl
+        .args([
+            "-n",
+            NS,
+            "create",
+            "role",
+            "read-pods",
+            "--verb=get,list,watch",
+            "--resource=pods",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cluster
+        .cp
+        .kubectl()
+        .unwrap()
+        .args([
+            "-n",
+            NS,
+            "create",
+            "rolebinding",
+            "read-pods",
+            "--role=read-pods",
+        ])
+        .arg(format!("--serviceaccount={NS}:read-only"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let pod = cluster
+        .create_pod_as(
+            "gs-x",
+            &array(&[file_probe("p", "c/p", &flag)]),
+            json!([]),
+            "read-only",
+        )
+        .await;
+    let token = cluster.cp.pod_token("read-only", &pod).await.unwrap();
+    let sidecar = cluster.sidecar_with_token("gs-x", &token, &[]);
+    sidecar
+        .wait_log("RBAC does not allow `patch pods/status`", LIMIT)
+        .await;
+    let pod: Pod = cluster.pods().get("gs-x").await.unwrap();
+    assert!(condition(&pod, "c/p").is_none());
+    assert!(!sidecar.log().contains("panicked"), "{}", sidecar.log());
+}

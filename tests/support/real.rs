@@ -1,0 +1,208 @@
+//! The sidecar's cluster on a real kube-apiserver (testkit::real): the namespace, the sidecar's
+//! ServiceAccount, Role and RoleBinding exactly as `examples/sidecar-by-hand.yaml` declares
+//! them, pods whose status the test writes as the kubelet would, and `podprobe run` with a
+//! pod-bound service-account token, as in a real pod.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testkit::real::{AuditEvent, ControlPlane};
+
+use super::{NS, Sidecar, game_pod, long_ago, running_status, start_sidecar, wait_for_pod};
+
+/// The sidecar's ServiceAccount in `examples/sidecar-by-hand.yaml`.
+pub const SIDECAR_SA: &str = "podprobe-sidecar";
+
+pub struct RealCluster {
+    pub cp: ControlPlane,
+    pub dir: tempfile::TempDir,
+}
+
+impl RealCluster {
+    /// A control plane with namespace [`NS`] and the by-hand example's sidecar RBAC.
+    pub async fn start() -> RealCluster {
+        let cp = ControlPlane::start()
+            .await
+            .unwrap_or_else(|e| panic!("real control plane: {e}"));
+        cp.create_namespace(NS).await.expect("namespace");
+        apply_sidecar_rbac(&cp).await;
+        RealCluster {
+            cp,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Pods, as the admin.
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.cp.client(), NS)
+    }
+
+    /// Creates a [`game_pod`] running as [`SIDECAR_SA`] and reports it running, started long
+    /// ago, as the kubelet would.
+    pub async fn create_pod(&self, name: &str, annotation: &str, ports: Value) -> Pod {
+        self.create_pod_as(name, annotation, ports, SIDECAR_SA)
+            .await
+    }
+
+    pub async fn create_pod_as(
+        &self,
+        name: &str,
+        annotation: &str,
+        ports: Value,
+        service_account: &str,
+    ) -> Pod {
+        let mut pod = game_pod(name, annotation, ports);
+        pod.spec.as_mut().unwrap().service_account_name = Some(service_account.to_owned());
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+        self.kubelet_reports_started(name, "containerd://main-1", long_ago())
+            .await
+    }
+
+    /// Writes the status a kubelet reports, with a strategic-merge patch as the kubelet does
+    /// (conditions merge by type, so the sidecar's stay).
+    pub async fn kubelet_reports_started(
+        &self,
+        name: &str,
+        container_id: &str,
+        started_at: jiff::Timestamp,
+    ) -> Pod {
+        let status = running_status(container_id, started_at);
+        self.pods()
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Strategic(json!({ "status": status })),
+            )
+            .await
+            .expect("kubelet status")
+    }
+
+    /// `podprobe run` for `pod` with a token of [`SIDECAR_SA`] bound to that pod.
+    pub async fn sidecar(&self, pod: &Pod, extra: &[&str]) -> Sidecar {
+        let token = self
+            .cp
+            .pod_token(SIDECAR_SA, pod)
+            .await
+            .expect("pod-bound token");
+        self.sidecar_with_token(pod.metadata.name.as_deref().unwrap(), &token, extra)
+    }
+
+    /// `podprobe run` for pod `name` authenticating with `token`.
+    pub fn sidecar_with_token(&self, name: &str, token: &str, extra: &[&str]) -> Sidecar {
+        let kubeconfig = self.kubeconfig_for(name, token);
+        start_sidecar(self.dir.path(), &kubeconfig, name, extra)
+    }
+
+    fn kubeconfig_for(&self, name: &str, token: &str) -> PathBuf {
+        let path = unique(self.dir.path(), name, "kubeconfig");
+        self.cp
+            .write_kubeconfig_for_token(&path, token)
+            .expect("kubeconfig");
+        path
+    }
+
+    pub async fn wait_pod(&self, name: &str, limit: Duration, check: impl Fn(&Pod) -> bool) -> Pod {
+        wait_for_pod(&self.pods(), name, limit, check).await
+    }
+
+    /// The apiserver's audit record of every `PATCH pods/<name>/status` the sidecar's service
+    /// account sent.
+    pub fn sidecar_status_writes(&self, name: &str) -> Vec<AuditEvent> {
+        self.audit_by_sidecar(|e| e.is("patch", "pods/status", Some(name)))
+    }
+
+    /// Audit events of requests by [`SIDECAR_SA`] for which `select` holds.
+    pub fn audit_by_sidecar(&self, select: impl Fn(&AuditEvent) -> bool) -> Vec<AuditEvent> {
+        let user = format!("system:serviceaccount:{NS}:{SIDECAR_SA}");
+        self.cp
+            .audit()
+            .expect("audit log")
+            .into_iter()
+            .filter(|e| e.user.username == user && select(e))
+            .collect()
+    }
+
+    /// Waits (up to `limit`) until the audit log holds an event for which `select` holds.
+    pub async fn wait_audit(
+        &self,
+        what: &str,
+        limit: Duration,
+        select: impl Fn(&AuditEvent) -> bool,
+    ) -> AuditEvent {
+        let wait = async {
+            loop {
+                let found = self
+                    .cp
+                    .audit()
+                    .expect("audit log")
+                    .into_iter()
+                    .find(&select);
+                if let Some(event) = found {
+                    return event;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(limit, wait)
+            .await
+            .unwrap_or_else(|_| panic!("no audit event for {what} within {limit:?}"))
+    }
+}
+
+fn unique(dir: &Path, stem: &str, ext: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    dir.join(format!(
+        "{stem}-{}.{ext}",
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// The ServiceAccount, Role and RoleBinding of `examples/sidecar-by-hand.yaml`, created as
+/// committed (its pod is left out: the tests make their own).
+pub async fn apply_sidecar_rbac(cp: &ControlPlane) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sidecar-by-hand.yaml");
+    let text = std::fs::read_to_string(&path).expect("examples/sidecar-by-hand.yaml");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("the example is YAML");
+    let client = cp.client();
+    let pp = PostParams::default();
+    let mut kinds = Vec::new();
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(doc["metadata"]["namespace"], NS, "{kind} of the example");
+        match kind.as_str() {
+            "ServiceAccount" => {
+                let sa: ServiceAccount = serde_json::from_value(doc).unwrap();
+                Api::<ServiceAccount>::namespaced(client.clone(), NS)
+                    .create(&pp, &sa)
+                    .await
+                    .expect("ServiceAccount");
+            }
+            "Role" => {
+                let role: Role = serde_json::from_value(doc).unwrap();
+                Api::<Role>::namespaced(client.clone(), NS)
+                    .create(&pp, &role)
+                    .await
+                    .expect("Role");
+            }
+            "RoleBinding" => {
+                let binding: RoleBinding = serde_json::from_value(doc).unwrap();
+                Api::<RoleBinding>::namespaced(client.clone(), NS)
+                    .create(&pp, &binding)
+                    .await
+                    .expect("RoleBinding");
+            }
+            _ => continue,
+        }
+        kinds.push(kind);
+    }
+    assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding"]);
+}
