@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes tools the tests run (kube-apiserver, kubectl, kubelet, etcd, helm)
+# from the Go modules pinned in hack/{k8s,etcd,helm}, with the ordinary Go toolchain: no
+# prebuilt download. Prints, as the last line of stdout, the directory holding them.
+#
+# The binaries go to a cache outside the clone, keyed by a hash of the pinned modules and this
+# script, so a fresh clone of the same commit reuses them and a version bump rebuilds. A second
+# run returns at once. A lock serialises parallel callers (several test processes starting
+# together build once; the others wait and reuse). Progress goes to stderr.
+set -euo pipefail
+
+hack="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cache_root="${PODPROBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-tools}"
+
+key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etcd/go.sum \
+  "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
+dest="$cache_root/$key"
+bin="$dest/bin"
+
+# Fast path: a finished build (the stamp is written last, after every binary is in place).
+if [ -f "$dest/complete" ]; then
+  echo "$bin"
+  exit 0
+fi
+
+mkdir -p "$cache_root"
+exec 9>"$cache_root/build.lock"
+echo "podprobe tools: waiting for the build lock ($cache_root/build.lock)" >&2
+flock 9
+if [ -f "$dest/complete" ]; then # another caller built it while we waited
+  echo "$bin"
+  exit 0
+fi
+
+command -v go >/dev/null || { echo "podprobe tools: the Go toolchain (go) is not installed" >&2; exit 1; }
+
+k8s_version="v1.37.2"
+helm_version="v3.22.0"
+# Release builds stamp their version through ldflags (Kubernetes' hack/lib/version.sh): without
+# it kube-apiserver and kubectl report v0.0.0, which clients and helm's kubeVersion checks read.
+k8s_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=37"
+  k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+
+rm -rf "$dest.partial"
+mkdir -p "$dest.partial/bin"
+build() { # module dir, ldflags, output (a file, or the bin dir for several), packages...
+  local dir="$1" ldflags="$2" out="$3"
+  shift 3
+  echo "podprobe tools: go build $* (cold: minutes on 2 cores)" >&2
+  (cd "$hack/$dir" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" \
+    -o "$out" "$@") >&2
+}
+start=$(date +%s)
+build k8s "$k8s_ldflags" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
+build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
+build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
+
+rm -rf "$dest"
+mv "$dest.partial" "$dest"
+touch "$dest/complete"
+echo "podprobe tools: built in $(($(date +%s) - start)) s into $bin" >&2
+echo "$bin"
