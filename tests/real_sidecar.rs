@@ -323,9 +323,11 @@ async fn a_same_named_replacement_pod_is_never_written() {
     let new = cluster.create_pod("gs-r", &annotation, json!([])).await;
     assert_ne!(new.metadata.uid.as_deref(), Some(old_uid.as_str()));
     std::fs::remove_file(&flag).unwrap();
+    // A PATCH carries no preconditions: kube-apiserver refuses the differing uid in the body
+    // as a change of an immutable field (422), where a precondition would give 409.
     let refused = cluster
         .wait_audit("the old sidecar's refused write", LIMIT, |e| {
-            e.is("patch", "pods/status", Some("gs-r")) && e.code() == 409
+            e.is("patch", "pods/status", Some("gs-r")) && e.code() == 422
         })
         .await;
     assert!(refused.user.username.ends_with(SIDECAR_SA), "{refused:?}");

@@ -205,7 +205,7 @@ async fn write_loop(
                 isolate = isolate && !state.pending.is_empty();
                 coalesce = !isolate;
             }
-            Err(kube::Error::Api(status)) if status.code == 422 => {
+            Err(kube::Error::Api(status)) if status.code == 422 && !uid_refused(&status) => {
                 metrics.write_error(Some(422));
                 coalesce = false;
                 let mut state = lock(&shared);
@@ -252,6 +252,17 @@ fn requeue(into: &mut BTreeMap<String, PodCondition>, batch: Vec<PodCondition>) 
     }
 }
 
+/// Whether a 422 is kube-apiserver's answer to the uid in the patch: a PATCH carries no
+/// preconditions, so a uid that differs from the stored pod's is refused as a change of an
+/// immutable field (`metadata.uid: ... field is immutable`), not with 409. It means the pod
+/// was replaced by a same-named one, which this sidecar must never write.
+fn uid_refused(status: &kube::core::Status) -> bool {
+    status
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+}
+
 /// The HTTP code (None for transport errors) and the server's retry hint.
 fn classify(error: &kube::Error) -> (Option<u16>, Option<Duration>) {
     match error {
@@ -268,6 +279,9 @@ fn classify(error: &kube::Error) -> (Option<u16>, Option<Duration>) {
     }
 }
 
+const REPLACED: &str =
+    "the pod's uid differs: it was replaced by a same-named pod, which this sidecar must not write";
+
 /// One log line a user can act on.
 fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
     let server = match error {
@@ -282,9 +296,8 @@ fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
             "the apiserver no longer accepts this token (a pod-bound token stops working when its pod is deleted)"
         }
         Some(404) => "the pod no longer exists",
-        Some(409) => {
-            "the pod's uid differs: it was replaced by a same-named pod, which this sidecar must not write"
-        }
+        Some(409) => REPLACED,
+        Some(422) if matches!(error, kube::Error::Api(s) if uid_refused(s)) => REPLACED,
         Some(429) => "the apiserver asks to slow down",
         Some(c) if c >= 500 => "the apiserver failed",
         Some(_) => "unexpected answer",

@@ -105,7 +105,9 @@ impl ControlPlane {
         let serving = pki.issue(&["127.0.0.1", "localhost"])?;
         std::fs::write(path("apiserver.crt"), &serving.cert_pem)?;
         std::fs::write(path("apiserver.key"), &serving.key_pem)?;
-        std::fs::write(path("sa.key"), pki::signing_key_pem()?)?;
+        let (sa_private, sa_public) = pki::signing_key_pem()?;
+        std::fs::write(path("sa.key"), sa_private)?;
+        std::fs::write(path("sa.pub"), sa_public)?;
         std::fs::write(
             path("tokens.csv"),
             format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n"),
@@ -139,7 +141,7 @@ impl ControlPlane {
             format!("--token-auth-file={}", p("tokens.csv")),
             "--authorization-mode=RBAC".to_owned(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
-            format!("--service-account-key-file={}", p("sa.key")),
+            format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
             "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
             // Added to the default set, which already holds them today; named so a change of

@@ -62,8 +62,9 @@ impl Pki {
     }
 }
 
-/// A fresh ECDSA P-256 key (PKCS#8 PEM), which kube-apiserver takes as the service-account
-/// signing key (ES256 tokens) and, through the same file, as the verification key.
-pub fn signing_key_pem() -> Result<String, Error> {
-    Ok(KeyPair::generate()?.serialize_pem())
+/// A fresh ECDSA P-256 key pair as PEM (private PKCS#8, public SPKI): kube-apiserver's
+/// service-account signing key (ES256 tokens) and verification key.
+pub fn signing_key_pem() -> Result<(String, String), Error> {
+    let key = KeyPair::generate()?;
+    Ok((key.serialize_pem(), key.public_key_pem()))
 }

@@ -45,7 +45,8 @@ impl Daemon {
     /// The last `lines` lines of its log, for error messages.
     pub fn log_tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
+        // kube-apiserver prints every flag at start; they would push the reason out of view.
+        let all: Vec<&str> = text.lines().filter(|l| !l.contains("] FLAG: --")).collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
