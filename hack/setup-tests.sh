@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Everything the test suite needs on a fresh machine of this project's kind (Rust by rustup,
+# Go, Debian): the README's test command is `hack/setup-tests.sh && cargo nextest run
+# --workspace`. Idempotent; a warm machine passes through in seconds.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+nextest_version="0.9.151"
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "== cargo-nextest $nextest_version (built from crates.io: about 12 minutes on 2 cores)"
+  cargo install cargo-nextest --version "$nextest_version" --locked
+fi
+
+echo "== musl target and musl-gcc for the static sidecar build test"
+if ! command -v musl-gcc >/dev/null; then
+  apt-get update -qq
+  apt-get install -y -qq musl-tools
+fi
+rustup target add x86_64-unknown-linux-musl
+
+echo "== kube-apiserver, etcd, kubectl, kubelet, helm from the pinned Go modules (hack/README.md)"
+hack/build-tools.sh
