@@ -498,3 +498,87 @@ async fn without_patch_rights_the_sidecar_explains_the_403_and_keeps_probing() {
     assert!(condition(&pod, "c/p").is_none());
     assert!(!sidecar.log().contains("panicked"), "{}", sidecar.log());
 }
+
+/// Not a timed test: it asserts the count (one status patch per transition, as kube-apiserver's
+/// own `apiserver_request_total` counts it) and prints what a transition costs the apiserver
+/// (every request by verb and resource) and the PATCH latency the apiserver measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_transition_is_one_status_patch_as_the_apiserver_counts_it() {
+    const TRANSITIONS: u64 = 20;
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let pod = cluster
+        .create_pod("gs-n", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
+    let port = free_port();
+    let _sidecar = cluster
+        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .await;
+    wait_counter(port, "podprobe_status_writes_total", 1).await;
+    let attempts_now = attempts(port, "c/p").await;
+    wait_attempts(port, "c/p", attempts_now + 1).await;
+    let before = cluster.cp.metrics().await.unwrap();
+
+    for i in 1..=TRANSITIONS {
+        if i % 2 == 1 {
+            std::fs::remove_file(&flag).unwrap();
+        } else {
+            std::fs::write(&flag, "up").unwrap();
+        }
+        wait_counter(port, "podprobe_status_writes_total", 1 + i).await;
+    }
+    // One more attempt: the last write's request is complete on the apiserver's side too.
+    let attempts_now = attempts(port, "c/p").await;
+    wait_attempts(port, "c/p", attempts_now + 1).await;
+    let after = cluster.cp.metrics().await.unwrap();
+
+    use testkit::real::metrics::*;
+    let delta = request_delta(&request_counts(&before), &request_counts(&after));
+    let patches = delta
+        .get(&("PATCH".into(), "pods".into(), "status".into()))
+        .copied()
+        .unwrap_or(0);
+    println!("apiserver requests during {TRANSITIONS} transitions (per transition):");
+    for ((verb, resource, sub), n) in &delta {
+        println!(
+            "  {verb:6} {resource}{}{sub}: {n} ({:.2})",
+            if sub.is_empty() { "" } else { "/" },
+            *n as f64 / TRANSITIONS as f64
+        );
+    }
+    let buckets = bucket_delta(
+        &duration_buckets(&before, "PATCH", "pods", "status"),
+        &duration_buckets(&after, "PATCH", "pods", "status"),
+    );
+    let ms = |q| quantile(&buckets, q).map_or(f64::NAN, |s| s * 1000.0);
+    println!(
+        "PATCH pods/status latency (apiserver_request_duration_seconds): p50 {:.1} ms, p99 {:.1} ms",
+        ms(0.5),
+        ms(0.99)
+    );
+    assert_eq!(patches, TRANSITIONS, "status patches: {delta:?}");
+}
+
+/// Waits until the sidecar's counter `name` (no labels) reaches `n`.
+async fn wait_counter(port: u16, name: &str, n: u64) {
+    let value = |text: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or(0)
+    };
+    let wait = async {
+        while value(&metrics(port).await.unwrap_or_default()) < n {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, wait)
+        .await
+        .unwrap_or_else(|_| panic!("{name} did not reach {n}"));
+}

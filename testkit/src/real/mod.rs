@@ -20,6 +20,7 @@
 //! ```
 
 pub mod audit;
+pub mod metrics;
 mod pki;
 mod process;
 pub mod tools;
@@ -353,12 +354,9 @@ impl ControlPlane {
         resource: &str,
         subresource: &str,
     ) -> Result<u64, Error> {
-        Ok(count_requests(
-            &self.metrics().await?,
-            verb,
-            resource,
-            subresource,
-        ))
+        let counts = metrics::request_counts(&self.metrics().await?);
+        let key = (verb.to_owned(), resource.to_owned(), subresource.to_owned());
+        Ok(counts.get(&key).copied().unwrap_or(0))
     }
 
     /// Every audit event written so far (stage `ResponseComplete`; request bodies of writes
@@ -391,22 +389,6 @@ impl ControlPlane {
     pub fn apiserver_log_tail(&self, lines: usize) -> String {
         self.apiserver.log_tail(lines)
     }
-}
-
-/// Sums `apiserver_request_total` samples whose labels match.
-pub fn count_requests(metrics: &str, verb: &str, resource: &str, subresource: &str) -> u64 {
-    let wanted = [
-        format!("verb=\"{verb}\""),
-        format!("resource=\"{resource}\""),
-        format!("subresource=\"{subresource}\""),
-    ];
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| wanted.iter().all(|w| l.contains(w.as_str())))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .sum()
 }
 
 fn free_port() -> Result<u16, Error> {
