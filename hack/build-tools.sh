@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes tools the tests run (kube-apiserver, kubectl, kubelet, etcd, helm)
+# Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
+# kubectl, kubelet, etcd, helm)
 # from the Go modules pinned in hack/{k8s,etcd,helm}, with the ordinary Go toolchain: no
 # prebuilt download. Prints, as the last line of stdout, the directory holding them.
 #
@@ -56,7 +57,8 @@ build() { # module dir, ldflags, output (a file, or the bin dir for several), pa
 }
 start=$(date +%s)
 build k8s "$k8s_ldflags" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserver \
-  k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
+  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet
 build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
 build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
 

@@ -70,7 +70,9 @@ pub enum Error {
 /// etcd + kube-apiserver, running until dropped.
 #[derive(Debug)]
 pub struct ControlPlane {
-    // Field order is drop order: the apiserver goes before etcd, the directory last.
+    // Field order is drop order: clients of the apiserver first, then the apiserver, etcd,
+    // and the directory last.
+    controller_manager: Option<Daemon>,
     apiserver: Daemon,
     etcd: Daemon,
     url: String,
@@ -162,6 +164,7 @@ impl ControlPlane {
             path("apiserver.log"),
         )?;
         let mut cp = ControlPlane {
+            controller_manager: None,
             apiserver,
             etcd,
             url: format!("https://127.0.0.1:{secure_port}"),
@@ -203,6 +206,30 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Starts kube-controller-manager with only `controllers` (e.g.
+    /// `validatingadmissionpolicy-status-controller`, which type-checks policies and writes
+    /// their status: kube-apiserver does not). It runs as the admin until the control plane
+    /// is dropped.
+    pub fn start_controller_manager(&mut self, controllers: &[&str]) -> Result<(), Error> {
+        let binary = tools::tool("kube-controller-manager")?;
+        let args = vec![
+            format!("--kubeconfig={}", self.admin_kubeconfig().display()),
+            format!("--controllers={}", controllers.join(",")),
+            "--leader-elect=false".to_owned(),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={}", free_port()?),
+            "--v=1".to_owned(),
+        ];
+        let log = self.dir.path().join("controller-manager.log");
+        self.controller_manager = Some(Daemon::spawn(
+            "kube-controller-manager",
+            &binary,
+            &args,
+            log,
+        )?);
+        Ok(())
     }
 
     /// `https://127.0.0.1:<port>`.
