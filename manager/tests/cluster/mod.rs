@@ -43,12 +43,15 @@ pub fn cert_values(cp: &ControlPlane, names: &[&str]) -> Vec<String> {
     ]
 }
 
-/// `helm <verb> podprobe <chart> -n podprobe-system --set ...` plus `extra` arguments.
+/// `helm <verb> [podprobe] <chart> -n podprobe-system --set ...` plus `extra` arguments (the
+/// release name for every verb but `lint`).
 pub fn helm(cp: &ControlPlane, verb: &str, sets: &[String], extra: &[&str]) -> Command {
     let mut helm = cp.helm().unwrap();
-    helm.args([verb, "podprobe"])
-        .arg(chart_dir())
-        .args(["--namespace", RELEASE_NS]);
+    helm.arg(verb);
+    if verb != "lint" {
+        helm.arg("podprobe");
+    }
+    helm.arg(chart_dir()).args(["--namespace", RELEASE_NS]);
     for set in sets {
         helm.args(["--set", set]);
     }

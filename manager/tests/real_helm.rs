@@ -1,0 +1,181 @@
+//! The chart with the real helm: lint, template in both modes, and install into a real
+//! kube-apiserver in both modes (every object accepted: CRD, RBAC, webhook configurations,
+//! the ValidatingAdmissionPolicy, the Deployment, which nothing runs here).
+
+mod cluster;
+
+use cluster::{KUBE_VERSION, RELEASE_NS, documents, helm, kinds_and_names, render, run};
+use testkit::real::ControlPlane;
+
+const GAMES: &str = "games";
+
+fn sets(cp: &ControlPlane, mode: &str) -> Vec<String> {
+    let mut sets = cluster::cert_values(cp, &["podprobe-manager.podprobe-system.svc"]);
+    sets.push(format!("mode={mode}"));
+    sets.push(format!("sidecar.namespaces={{{GAMES}}}"));
+    sets
+}
+
+async fn control_plane() -> ControlPlane {
+    let cp = ControlPlane::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    cp.create_namespace(GAMES).await.unwrap();
+    cp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lint_and_template_in_both_modes() {
+    let cp = control_plane().await;
+    let lint = run(
+        helm(
+            &cp,
+            "lint",
+            &sets(&cp, "standalone"),
+            &["--strict", "--kube-version", KUBE_VERSION],
+        ),
+        "helm lint",
+    );
+    assert!(lint.contains("0 chart(s) failed"), "{lint}");
+
+    let standalone = kinds_and_names(&documents(&render(&cp, &sets(&cp, "standalone"), &[])));
+    let companion = kinds_and_names(&documents(&render(&cp, &sets(&cp, "companion"), &[])));
+    for expected in [
+        "ClusterRole/podprobe-manager",
+        "ClusterRoleBinding/podprobe-manager",
+        "ConfigMap/podprobe-manager",
+        "Deployment/podprobe-manager",
+        "MutatingWebhookConfiguration/podprobe-manager",
+        "Role/podprobe-sidecar",
+        "RoleBinding/podprobe-sidecar",
+        "Secret/podprobe-manager-tls",
+        "Service/podprobe-manager",
+        "ServiceAccount/podprobe-manager",
+        "ServiceAccount/podprobe-sidecar",
+        "ValidatingAdmissionPolicy/podprobe-sidecar-pod-status",
+        "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pod-status",
+    ] {
+        assert!(
+            standalone.iter().any(|k| k == expected),
+            "standalone lacks {expected}: {standalone:?}"
+        );
+        assert!(
+            companion.iter().any(|k| k == expected),
+            "companion lacks {expected}: {companion:?}"
+        );
+    }
+    // Standalone owns PodProbeMarkers: their validating webhook and the controllers' Lease.
+    for standalone_only in [
+        "ValidatingWebhookConfiguration/podprobe-manager",
+        "Role/podprobe-manager-leader-election",
+    ] {
+        assert!(
+            standalone.iter().any(|k| k == standalone_only),
+            "{standalone:?}"
+        );
+        assert!(
+            !companion.iter().any(|k| k == standalone_only),
+            "{companion:?}"
+        );
+    }
+
+    // Without --kube-version, helm template assumes an old Kubernetes and the chart's
+    // kubeVersion constraint refuses it (the chart README says so).
+    let mut bare = helm(&cp, "template", &sets(&cp, "standalone"), &[]);
+    let out = bare.output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kubeVersion"));
+}
+
+/// `helm install` and what the apiserver then holds.
+fn install(cp: &ControlPlane, mode: &str, extra: &[&str]) -> String {
+    let mut args = vec!["--create-namespace", "--wait=false"];
+    args.extend(extra);
+    let out = run(helm(cp, "install", &sets(cp, mode), &args), "helm install");
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let objects = run(
+        {
+            let mut k = cp.kubectl().unwrap();
+            k.args([
+                "get",
+                "customresourcedefinitions,clusterroles,clusterrolebindings,\
+                 mutatingwebhookconfigurations,validatingwebhookconfigurations,\
+                 validatingadmissionpolicies,validatingadmissionpolicybindings",
+                "-o",
+                "name",
+            ]);
+            k
+        },
+        "kubectl get",
+    );
+    let namespaced = run(
+        {
+            let mut k = cp.kubectl().unwrap();
+            k.args([
+                "get",
+                "serviceaccounts,roles,rolebindings,deployments,services,secrets,configmaps",
+                "-A",
+                "-o",
+                "name",
+            ]);
+            k
+        },
+        "kubectl get -A",
+    );
+    format!("{objects}{namespaced}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installs_into_a_real_apiserver_standalone() {
+    let cp = control_plane().await;
+    let objects = install(&cp, "standalone", &[]);
+    for expected in [
+        "customresourcedefinition.apiextensions.k8s.io/podprobemarkers.apps.kruise.io",
+        "clusterrole.rbac.authorization.k8s.io/podprobe-manager",
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io/podprobe-manager",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/podprobe-manager",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/podprobe-sidecar-pod-status",
+        "deployment.apps/podprobe-manager",
+        "role.rbac.authorization.k8s.io/podprobe-sidecar",
+        "role.rbac.authorization.k8s.io/podprobe-manager-leader-election",
+    ] {
+        assert!(
+            objects.lines().any(|l| l == expected),
+            "{expected} not in:\n{objects}"
+        );
+    }
+    let status = run(
+        {
+            let mut h = cp.helm().unwrap();
+            h.args(["status", "podprobe", "-n", RELEASE_NS]);
+            h
+        },
+        "helm status",
+    );
+    assert!(status.contains("STATUS: deployed"), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installs_into_a_real_apiserver_as_companion_with_skip_crds() {
+    let cp = control_plane().await;
+    // Companion mode: OpenKruise's CRD is already there (schema-identical to the chart's).
+    let crd =
+        std::fs::read_to_string(cluster::chart_dir().join("crds/podprobemarkers.yaml")).unwrap();
+    cluster::kubectl_apply(&cp, &crd);
+    let objects = install(&cp, "companion", &["--skip-crds"]);
+    assert!(
+        objects
+            .lines()
+            .any(|l| l
+                == "mutatingwebhookconfiguration.admissionregistration.k8s.io/podprobe-manager"),
+        "{objects}"
+    );
+    assert!(
+        !objects.contains("validatingwebhookconfiguration"),
+        "{objects}"
+    );
+    assert!(
+        !objects.contains("podprobe-manager-leader-election"),
+        "{objects}"
+    );
+}
