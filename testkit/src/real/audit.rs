@@ -9,13 +9,13 @@ use serde_json::Value;
 
 use super::Error;
 
-/// Request bodies for the writes podprobe makes; metadata for everything else. Reads are left
-/// out: watches and lists would drown the writes and cost the apiserver time.
+/// Request bodies for the writes podprobe makes; metadata (who, what, the answer's code) for
+/// everything else, reads included, so a refused list or watch (RBAC) shows too.
 pub const POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived", "ResponseStarted"]
 rules:
-  - level: None
+  - level: Metadata
     verbs: ["get", "list", "watch"]
   - level: Request
     resources:
@@ -41,7 +41,7 @@ pub struct AuditEvent {
     pub response_status: Option<ResponseStatus>,
     #[serde(default)]
     pub request_object: Option<Value>,
-    #[serde(default)]
+    #[serde(default, rename = "requestURI")]
     pub request_uri: String,
 }
 

@@ -1,0 +1,345 @@
+//! `podprobe-manager` on a real kube-apiserver with nothing but the chart's RBAC: the chart is
+//! installed by the real helm with its webhooks pointed at the manager (`webhook.url`), the
+//! manager runs in-process with a token of the chart's ServiceAccount and the chart's
+//! injection config, and everything goes through the real admission chain.
+
+mod cluster;
+mod support;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use podprobe_manager::config::InjectionConfig;
+use podprobe_manager::crd::PodProbeMarker;
+use podprobe_manager::pods::MarkerScope;
+use podprobe_manager::run::{LeaderOptions, Manager, Options};
+use podprobe_manager::webhook::Mode;
+use serde_json::json;
+use support::{LIST, PODPROBE, TV03_PODPROBE, app_pod, label, ppm, tv03_ppm, vk_node};
+use testkit::real::ControlPlane;
+
+const NS: &str = "test";
+const LIMIT: Duration = Duration::from_secs(30);
+const MANAGER_USER: &str = "system:serviceaccount:podprobe-system:podprobe-manager";
+
+struct Running {
+    cp: ControlPlane,
+    manager: Manager,
+    _dir: tempfile::TempDir,
+}
+
+/// Installs the chart (standalone, webhooks at a local port, injection with a readiness gate)
+/// and starts the manager there with the chart's ServiceAccount and injection config.
+async fn install_and_run() -> Running {
+    let cp = ControlPlane::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS,
+        "labels": {"podprobe.io/inject": "enabled"}}}))
+    .unwrap();
+    Api::<Namespace>::all(cp.client())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    cp.create_service_account(NS, "default").await.unwrap();
+    Api::<Node>::all(cp.client())
+        .create(&PostParams::default(), &vk_node("vk-1"))
+        .await
+        .unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut sets = cluster::cert_values(&cp, &["127.0.0.1"]);
+    sets.extend([
+        "mode=standalone".to_owned(),
+        format!("webhook.url=https://127.0.0.1:{port}"),
+        format!("sidecar.namespaces={{{NS}}}"),
+        "injection.config.image=podprobe:dev".to_owned(),
+        "injection.config.readinessGates={game.kruise.io/healthy}".to_owned(),
+    ]);
+    cluster::run(
+        cluster::helm(&cp, "install", &sets, &["--create-namespace"]),
+        "helm install",
+    );
+
+    // The manager as the chart deploys it: its ServiceAccount, its ConfigMap, its certificate.
+    let dir = tempfile::tempdir().unwrap();
+    let pair = cp.pki().issue(&["127.0.0.1"]).unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).unwrap();
+    std::fs::write(&key, &pair.key_pem).unwrap();
+    let config = cluster::run(
+        {
+            let mut k = cp.kubectl().unwrap();
+            k.args([
+                "-n",
+                cluster::RELEASE_NS,
+                "get",
+                "configmap",
+                "podprobe-manager",
+            ])
+            .args(["-o", "jsonpath={.data.injection\\.yaml}"]);
+            k
+        },
+        "the chart's injection config",
+    );
+    let injection = InjectionConfig::from_yaml(&config, "the chart's ConfigMap").unwrap();
+    let token = cp
+        .service_account_token(cluster::RELEASE_NS, "podprobe-manager")
+        .await
+        .unwrap();
+    let options = Options {
+        mode: Mode::Standalone,
+        webhook_addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        tls_cert: cert,
+        tls_key: key,
+        tls_reload_interval: Duration::from_secs(10),
+        injection: Some(injection),
+        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        leader: Some(LeaderOptions {
+            namespace: cluster::RELEASE_NS.into(),
+            name: "podprobe-manager".into(),
+            identity: "manager-0".into(),
+            lease_duration: Duration::from_secs(15),
+        }),
+        scope: MarkerScope::default(),
+        workers: 4,
+    };
+    let manager = Manager::start(cp.client_for_token(&token), options)
+        .await
+        .unwrap();
+    let metrics = manager.metrics_addr.unwrap();
+    let ready = async {
+        while support::http_get(metrics, "/readyz").await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, ready)
+        .await
+        .expect("the manager turns ready");
+    Running {
+        cp,
+        manager,
+        _dir: dir,
+    }
+}
+
+async fn wait_pod(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
+    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
+        p.is_some_and(&check)
+    });
+    match tokio::time::timeout(LIMIT, cond).await {
+        Ok(Ok(Some(p))) => p,
+        other => panic!(
+            "{what}: not reached ({other:?}): {:#?}",
+            pods.get(name).await.ok()
+        ),
+    }
+}
+
+fn annotation(pod: &Pod, key: &str) -> Option<String> {
+    pod.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+/// Sets the probe's condition as the sidecar would (admin stands in for it here).
+async fn set_condition(client: &Client, name: &str, status: &str) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let patch = json!({"status": {"conditions": [
+        {"type": "game.kruise.io/healthy", "status": status, "reason": "PodProbeSucceeded"}
+    ]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
+    let Running { cp, manager, .. } = install_and_run().await;
+    let admin = cp.client();
+    let ppms: Api<PodProbeMarker> = Api::namespaced(admin.clone(), NS);
+
+    // The validating webhook, called by the apiserver, refuses an invalid PodProbeMarker.
+    let mut invalid = tv03_ppm();
+    invalid["metadata"]["name"] = json!("invalid");
+    invalid["spec"]["probes"][0]["podConditionType"] = json!("Ready");
+    let Err(kube::Error::Api(refused)) = ppms.create(&PostParams::default(), &ppm(&invalid)).await
+    else {
+        panic!("an invalid PodProbeMarker was admitted")
+    };
+    assert_eq!(refused.code, 400, "{refused:?}");
+    assert!(
+        refused.message.contains("spec.probes[0].podConditionType"),
+        "{}",
+        refused.message
+    );
+    ppms.create(&PostParams::default(), &ppm(&tv03_ppm()))
+        .await
+        .unwrap();
+    let cache = manager.ppms.clone();
+    support::eventually(LIMIT, "PPM cached", || !cache.namespace(NS).is_empty()).await;
+
+    // A pod through the real admission chain: the annotation byte for byte as OpenKruise
+    // writes it (TV-03), the native sidecar and the readiness gate.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let mut pod = app_pod("gs-1", "test");
+    pod.spec.as_mut().unwrap().node_name = Some("vk-1".into());
+    pod.spec.as_mut().unwrap().service_account_name = Some("podprobe-sidecar".into());
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    assert_eq!(
+        annotation(&created, PODPROBE).as_deref(),
+        Some(TV03_PODPROBE)
+    );
+    assert_eq!(annotation(&created, LIST).as_deref(), Some("ppm-test"));
+    let spec = created.spec.as_ref().unwrap();
+    let init = spec.init_containers.as_ref().expect("the sidecar");
+    assert_eq!(init[0].name, "podprobe");
+    assert_eq!(
+        init[0].restart_policy.as_deref(),
+        Some("Always"),
+        "a native sidecar"
+    );
+    let gates: Vec<&str> = spec
+        .readiness_gates
+        .iter()
+        .flatten()
+        .map(|g| g.condition_type.as_str())
+        .collect();
+    assert_eq!(gates, ["game.kruise.io/healthy"]);
+
+    // The kubelet's part: running and initialized (matchedPods counts only such pods).
+    let kubelet = json!({"status": {"phase": "Running", "conditions": [
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Initialized", "status": "True"}
+    ]}});
+    pods.patch_status("gs-1", &PatchParams::default(), &Patch::Strategic(&kubelet))
+        .await
+        .unwrap();
+
+    // Markers follow the condition, the opposite policy's keys go.
+    set_condition(&admin, "gs-1", "True").await;
+    wait_pod(&pods, "gs-1", "Succeeded marker", |p| {
+        label(p, "server-healthy").as_deref() == Some("true")
+    })
+    .await;
+    set_condition(&admin, "gs-1", "False").await;
+    wait_pod(&pods, "gs-1", "Failed marker", |p| {
+        label(p, "server-healthy").as_deref() == Some("false")
+    })
+    .await;
+
+    // An edit of the PodProbeMarker reaches the running pod.
+    let edit = json!({"spec": {"probes": [{
+        "name": "healthy", "containerName": "main",
+        "probe": {"exec": {"command": ["/bin/sh", "-c", "/healthy.sh"]}, "periodSeconds": 5},
+        "podConditionType": "game.kruise.io/healthy",
+        "markerPolicy": [{"state": "Succeeded", "labels": {"server-healthy": "true"}},
+                         {"state": "Failed", "labels": {"server-healthy": "false"}}]
+    }]}});
+    ppms.patch("ppm-test", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    wait_pod(&pods, "gs-1", "propagated", |p| {
+        annotation(p, PODPROBE).is_some_and(|a| a.contains(r#""periodSeconds":5"#))
+    })
+    .await;
+
+    // Status: observedGeneration and matchedPods.
+    let status = async {
+        loop {
+            let ppm = ppms.get("ppm-test").await.unwrap();
+            if let Some(st) = &ppm.status
+                && st.matched_pods == 1
+                && Some(st.observed_generation) == ppm.metadata.generation
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if tokio::time::timeout(LIMIT, status).await.is_err() {
+        let ppm = ppms.get("ppm-test").await.unwrap();
+        let writes: Vec<String> = cp
+            .audit()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.is("patch", "podprobemarkers/status", None))
+            .map(|e| format!("{} -> {} {:?}", e.request_uri, e.code(), e.request_object))
+            .collect();
+        panic!(
+            "PPM status not kept: {:?} (generation {:?}); status writes: {writes:#?}",
+            ppm.status, ppm.metadata.generation
+        );
+    }
+
+    // The Lease it leads by.
+    let lease = Api::<Lease>::namespaced(admin.clone(), cluster::RELEASE_NS)
+        .get("podprobe-manager")
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("manager-0")
+    );
+
+    // The chart's RBAC covered every call the manager made (a 404, e.g. the Lease before it
+    // was first created, is an answer, not a refusal).
+    let refused: Vec<String> = cp
+        .audit()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.user.username == MANAGER_USER && e.code() >= 400 && e.code() != 404)
+        .map(|e| format!("{} {} -> {}", e.verb, e.request_uri, e.code()))
+        .collect();
+    assert!(refused.is_empty(), "refused: {refused:#?}");
+    manager.shutdown().await;
+}
+
+/// Not a timed test: prints what the pod webhook adds to a pod create through the real
+/// apiserver (p50/p99 of 100 creates with and without it), asserting only that every pod was
+/// admitted as it should be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_latency_added_to_pod_creates() {
+    const N: usize = 100;
+    let Running { cp, manager, .. } = install_and_run().await;
+    let admin = cp.client();
+    Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &ppm(&tv03_ppm()))
+        .await
+        .unwrap();
+    let cache = manager.ppms.clone();
+    support::eventually(LIMIT, "PPM cached", || !cache.namespace(NS).is_empty()).await;
+    // The same pods in a namespace the webhook does not select.
+    cp.create_namespace("plain").await.unwrap();
+
+    let mut timings = Vec::new();
+    for ns in [NS, "plain"] {
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), ns);
+        let mut ms = Vec::with_capacity(N);
+        for i in 0..N {
+            let mut pod = app_pod(&format!("p-{i}"), "test");
+            pod.metadata.namespace = Some(ns.into());
+            let start = Instant::now();
+            let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+            ms.push(start.elapsed().as_secs_f64() * 1000.0);
+            assert_eq!(annotation(&created, PODPROBE).is_some(), ns == NS);
+        }
+        ms.sort_by(f64::total_cmp);
+        timings.push((ns, ms[N / 2], ms[N * 99 / 100]));
+    }
+    let (_, with_p50, with_p99) = timings[0];
+    let (_, without_p50, without_p99) = timings[1];
+    println!(
+        "pod create through kube-apiserver, {N} each: with the webhook p50 {with_p50:.2} ms \
+         p99 {with_p99:.2} ms; without p50 {without_p50:.2} ms p99 {without_p99:.2} ms; \
+         added p50 {:.2} ms p99 {:.2} ms",
+        with_p50 - without_p50,
+        with_p99 - without_p99
+    );
+    manager.shutdown().await;
+}
