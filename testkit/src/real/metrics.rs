@@ -63,19 +63,33 @@ pub fn duration_buckets(
     resource: &str,
     subresource: &str,
 ) -> Vec<(f64, u64)> {
+    histogram_buckets(
+        metrics,
+        "apiserver_request_duration_seconds",
+        &[
+            ("verb", verb),
+            ("resource", resource),
+            ("subresource", subresource),
+        ],
+    )
+}
+
+/// The cumulative buckets (`le`, count) of histogram `name`, summed over the samples whose
+/// labels include `labels` (a label absent from a sample counts as `""`).
+pub fn histogram_buckets(metrics: &str, name: &str, labels: &[(&str, &str)]) -> Vec<(f64, u64)> {
+    let bucket = format!("{name}_bucket");
     let mut buckets: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
     for line in metrics.lines() {
-        let Some((labels, value)) = sample(line, "apiserver_request_duration_seconds_bucket")
-        else {
+        let Some((found, value)) = sample(line, &bucket) else {
             continue;
         };
-        let matches = labels.get("verb") == Some(&verb)
-            && labels.get("resource") == Some(&resource)
-            && labels.get("subresource").copied().unwrap_or_default() == subresource;
-        if !matches {
+        if !labels
+            .iter()
+            .all(|(k, v)| found.get(k).copied().unwrap_or_default() == *v)
+        {
             continue;
         }
-        let le = match labels.get("le") {
+        let le = match found.get("le") {
             Some(&"+Inf") => f64::INFINITY,
             Some(v) => v.parse().unwrap_or(f64::INFINITY),
             None => continue,
