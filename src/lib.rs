@@ -5,6 +5,7 @@
 //! - [`runner`]: workers with timing, thresholds and state;
 //! - [`condition`]: transitions to pod conditions and the status patch;
 //! - [`pod`]: the sidecar's view of its pod (apiserver watch or downward-API file);
+//! - [`uid_guard`]: how the apiserver answers the uid in podprobe's patches;
 //! - [`names`]: Kubernetes name rules (qualified names) shared with the manager;
 //! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
 //! - [`sidecar`], [`check`], [`demo`]: the `run`, `check` and `demo` commands.
@@ -21,3 +22,4 @@ pub mod probe;
 pub mod runner;
 pub mod shutdown;
 pub mod sidecar;
+pub mod uid_guard;

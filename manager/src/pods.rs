@@ -25,8 +25,9 @@
 //! calls, only cache reads. A reconcile never repeats a patch from a cached pod older than that
 //! patch ([`WrittenPatches`]), so one condition change is one patch.
 //!
-//! The patch carries `metadata.uid` as a precondition, so a same-named replacement pod is never
-//! marked from the old pod's conditions (409 → dropped; the new pod has its own events).
+//! The patch carries `metadata.uid` as a guard, so a same-named replacement pod is never marked
+//! from the old pod's conditions (kube-apiserver answers 422 on `metadata.uid` → dropped; the
+//! new pod has its own events).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -43,6 +44,7 @@ use kube::runtime::watcher::Event;
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use podprobe::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
+use podprobe::uid_guard::refused_by_uid_guard;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{BroadcastStream, UnboundedReceiverStream};
 use tokio_util::sync::CancellationToken;
@@ -208,8 +210,8 @@ pub fn desired_patch(
     (!patch.is_empty()).then_some(patch)
 }
 
-/// The strategic-merge body for `patch`, with the pod's `metadata.uid` as a precondition (a
-/// same-named replacement pod answers 409).
+/// The strategic-merge body for `patch`, with the pod's `metadata.uid` as a guard (a
+/// same-named replacement pod is refused: [`refused_by_uid_guard`]).
 pub fn patch_body(pod: &Pod, patch: &MarkerPatch) -> serde_json::Value {
     let mut body = serde_json::to_value(patch).unwrap_or_default();
     if let (Some(meta), Some(uid)) = (
@@ -603,7 +605,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodContext>) -> Result<Action, Reconc
             ctx.metrics.pod_patch("ok");
             Ok(Action::await_change())
         }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+        Err(kube::Error::Api(s)) if s.code == 404 || refused_by_uid_guard(&s) => {
             ctx.metrics.pod_patch("gone");
             Ok(Action::await_change())
         }

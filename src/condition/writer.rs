@@ -18,6 +18,7 @@ use tokio::sync::{Notify, watch};
 
 use super::status_patch;
 use crate::metrics::Metrics;
+use crate::uid_guard::refused_by_uid_guard;
 
 /// Timing of the writer.
 #[derive(Debug, Clone, Copy)]
@@ -205,7 +206,9 @@ async fn write_loop(
                 isolate = isolate && !state.pending.is_empty();
                 coalesce = !isolate;
             }
-            Err(kube::Error::Api(status)) if status.code == 422 && !uid_refused(&status) => {
+            Err(kube::Error::Api(status))
+                if status.code == 422 && !refused_by_uid_guard(&status) =>
+            {
                 metrics.write_error(Some(422));
                 coalesce = false;
                 let mut state = lock(&shared);
@@ -252,17 +255,6 @@ fn requeue(into: &mut BTreeMap<String, PodCondition>, batch: Vec<PodCondition>) 
     }
 }
 
-/// Whether a 422 is kube-apiserver's answer to the uid in the patch: a PATCH carries no
-/// preconditions, so a uid that differs from the stored pod's is refused as a change of an
-/// immutable field (`metadata.uid: ... field is immutable`), not with 409. It means the pod
-/// was replaced by a same-named one, which this sidecar must never write.
-fn uid_refused(status: &kube::core::Status) -> bool {
-    status
-        .details
-        .as_ref()
-        .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
-}
-
 /// The HTTP code (None for transport errors) and the server's retry hint.
 fn classify(error: &kube::Error) -> (Option<u16>, Option<Duration>) {
     match error {
@@ -296,8 +288,9 @@ fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
             "the apiserver no longer accepts this token (a pod-bound token stops working when its pod is deleted)"
         }
         Some(404) => "the pod no longer exists",
-        Some(409) => REPLACED,
-        Some(422) if matches!(error, kube::Error::Api(s) if uid_refused(s)) => REPLACED,
+        Some(409 | 422) if matches!(error, kube::Error::Api(s) if refused_by_uid_guard(s)) => {
+            REPLACED
+        }
         Some(429) => "the apiserver asks to slow down",
         Some(c) if c >= 500 => "the apiserver failed",
         Some(_) => "unexpected answer",
