@@ -255,7 +255,7 @@ fn conflicts(cluster: &Cluster) -> usize {
         .journal()
         .matching("PATCH", "pods/status")
         .iter()
-        .filter(|e| e.status == 409)
+        .filter(|e| e.status == 422) // the uid guard, as kube-apiserver answers it
         .count()
 }
 

@@ -121,6 +121,40 @@ impl ApiError {
         e
     }
 
+    /// 422 for field errors, as the real server words and details them: one error
+    /// `Pod "x" is invalid: <field>: Invalid value: <value>: <detail>`, several in `[..., ...]`,
+    /// each also a `details.causes` entry.
+    pub fn invalid_fields(
+        group: &str,
+        kind: &str,
+        name: &str,
+        errors: &[crate::validation::FieldError],
+    ) -> Self {
+        let one = |e: &crate::validation::FieldError| {
+            format!("{}: Invalid value: {}: {}", e.field, e.value, e.detail)
+        };
+        let causes = if errors.len() == 1 {
+            one(&errors[0])
+        } else {
+            format!(
+                "[{}]",
+                errors.iter().map(one).collect::<Vec<_>>().join(", ")
+            )
+        };
+        let mut e = Self::invalid(group, kind, name, &causes);
+        if let Some(details) = e.details.as_mut() {
+            details["causes"] = errors
+                .iter()
+                .map(|f| {
+                    json!({"reason": "FieldValueInvalid",
+                           "message": format!("Invalid value: {}: {}", f.value, f.detail),
+                           "field": f.field})
+                })
+                .collect();
+        }
+        e
+    }
+
     /// 400 BadRequest.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)

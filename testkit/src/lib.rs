@@ -35,6 +35,7 @@ mod server;
 pub mod store;
 pub mod strategic;
 mod table;
+pub mod validation;
 
 use std::collections::BTreeMap;
 use std::path::Path;

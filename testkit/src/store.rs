@@ -78,6 +78,13 @@ pub struct DeleteOpts {
     pub rv: Option<String>,
 }
 
+/// How a write arrived: its body uid is a precondition for PUT only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Put,
+    Patch,
+}
+
 /// Which endpoint a write comes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -481,7 +488,7 @@ impl Store {
         new: Value,
         endpoint: Endpoint,
     ) -> Result<Value, ApiError> {
-        self.patch(r, ns, name, endpoint, |_| Ok(new))
+        self.write(r, ns, name, endpoint, Verb::Put, |_| Ok(new))
     }
 
     /// PATCH (or any read-modify-write): `f` computes the new object from
@@ -493,6 +500,18 @@ impl Store {
         ns: &str,
         name: &str,
         endpoint: Endpoint,
+        f: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        self.write(r, ns, name, endpoint, Verb::Patch, f)
+    }
+
+    fn write(
+        &self,
+        r: &ResourceDef,
+        ns: &str,
+        name: &str,
+        endpoint: Endpoint,
+        verb: Verb,
         f: impl FnOnce(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
         let mut g = self.lock();
@@ -517,6 +536,20 @@ impl Store {
         }
         // Preconditions: uid, then resourceVersion.
         match meta_str(&new, "uid") {
+            // A PATCH carries no preconditions: the uid it sets is refused as a change of an
+            // immutable field. A PUT's body uid is a precondition (409).
+            Some(u) if !u.is_empty() && u != old_uid && verb == Verb::Patch => {
+                return Err(ApiError::invalid_fields(
+                    r.group,
+                    r.kind,
+                    name,
+                    &[crate::validation::FieldError {
+                        field: "metadata.uid".into(),
+                        value: format!("{u:?}"),
+                        detail: "field is immutable".into(),
+                    }],
+                ));
+            }
             Some(u) if !u.is_empty() && u != old_uid => {
                 return Err(ApiError::conflict(
                     r.group,
@@ -636,6 +669,12 @@ impl Store {
                         added.join(", ")
                     ),
                 ));
+            }
+        }
+        if r.is_pod() && endpoint == Endpoint::Status {
+            let errors = crate::validation::pod_status_errors(&new);
+            if !errors.is_empty() {
+                return Err(ApiError::invalid_fields(r.group, r.kind, name, &errors));
             }
         }
         if r.is_pod()

@@ -131,7 +131,9 @@ async fn merge_status_patch_replaces_the_condition_list() {
 }
 
 #[tokio::test]
-async fn uid_precondition_mismatch_is_409() {
+async fn a_differing_uid_in_a_patch_is_422_as_kube_apiserver_answers_it() {
+    // A PATCH carries no preconditions: kube-apiserver (v1.37, tests/real_sidecar.rs) refuses
+    // the uid it sets as a change of an immutable field.
     let (api, pods) = setup().await;
     with_conditions(&api, &pods, "a").await;
     let rv = api.resource_version();
@@ -146,6 +148,38 @@ async fn uid_precondition_mismatch_is_409() {
         )
         .await
         .unwrap_err();
+    let kube::Error::Api(status) = &e else {
+        panic!("{e:?}")
+    };
+    assert!(names_the_uid_field(status), "{status:?}");
+    let (code, reason, msg) = status_of(e);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        msg,
+        "Pod \"a\" is invalid: metadata.uid: Invalid value: \"00000000-0000-4000-8000-000000000000\": field is immutable"
+    );
+    assert_eq!(api.resource_version(), rv, "nothing written");
+}
+
+/// The cause names the field, which is how clients tell this 422 from others.
+fn names_the_uid_field(status: &kube::core::Status) -> bool {
+    status
+        .details
+        .as_ref()
+        .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+}
+
+#[tokio::test]
+async fn a_differing_uid_in_a_put_is_a_409_precondition() {
+    let (api, pods) = setup().await;
+    with_conditions(&api, &pods, "a").await;
+    let mut pod = pods.get("a").await.unwrap();
+    pod.metadata.uid = Some("00000000-0000-4000-8000-000000000000".into());
+    let rv = api.resource_version();
+    let e = pods
+        .replace("a", &Default::default(), &pod)
+        .await
+        .unwrap_err();
     let (code, reason, msg) = status_of(e);
     assert_eq!((code, reason.as_str()), (409, "Conflict"));
     assert!(
@@ -155,6 +189,33 @@ async fn uid_precondition_mismatch_is_409() {
             "Precondition failed: UID in precondition: 00000000-0000-4000-8000-000000000000"
         ),
         "{msg}"
+    );
+    assert_eq!(api.resource_version(), rv, "nothing written");
+}
+
+#[tokio::test]
+async fn an_unqualified_condition_type_refuses_the_whole_status_update() {
+    let (api, pods) = setup().await;
+    with_conditions(&api, &pods, "a").await;
+    let rv = api.resource_version();
+    let e = pods
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [
+                {"type": "game.kruise.io/fine", "status": "True"},
+                {"type": "not a qualified name!", "status": "True"}
+            ]}})),
+        )
+        .await
+        .unwrap_err();
+    let (code, reason, msg) = status_of(e);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    // Word for word what kube-apiserver v1.37 answered (tests/real_sidecar.rs); the merged
+    // list holds the pod's three conditions first.
+    assert_eq!(
+        msg,
+        "Pod \"a\" is invalid: status.conditions[4].Type: Invalid value: \"not a qualified name!\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
     );
     assert_eq!(api.resource_version(), rv, "nothing written");
 }
