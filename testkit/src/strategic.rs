@@ -196,6 +196,8 @@ fn merge_list(
                     .cloned()
                     .collect());
             }
+            let server_order: Vec<Value> =
+                orig.iter().filter_map(|o| o.get(key).cloned()).collect();
             for pe in patch {
                 let Value::Object(pm) = pe else {
                     return Err(bad(format!(
@@ -234,9 +236,47 @@ fn merge_list(
                     }
                 }
             }
-            Ok(orig)
+            let patch_order: Vec<&Value> = patch.iter().filter_map(|p| p.get(key)).collect();
+            Ok(element_order(orig, key, &patch_order, &server_order))
         }
     }
+}
+
+/// The order kube-apiserver gives a merged list (apimachinery's `normalizeElementOrder` and
+/// `mergeSortedSlice`): the patch's items in the patch's order, the server-only items in
+/// their order, interleaved: a server-only item goes first only while it stood before the
+/// patch item in the live list; an item new to the list goes before the server-only items
+/// still waiting. So new conditions come before the kubelet's unless the patch also names an
+/// existing one that follows them.
+fn element_order(
+    merged: Vec<Value>,
+    key: &str,
+    patch_order: &[&Value],
+    server_order: &[Value],
+) -> Vec<Value> {
+    let position = |list: &[&Value], v: &Value| list.iter().position(|k| Some(*k) == v.get(key));
+    let (mut from_patch, server_only): (Vec<Value>, Vec<Value>) = merged
+        .into_iter()
+        .partition(|v| position(patch_order, v).is_some());
+    from_patch.sort_by_key(|v| position(patch_order, v));
+    let server_index = |v: &Value| server_order.iter().position(|k| Some(k) == v.get(key));
+    let mut out = Vec::with_capacity(from_patch.len() + server_only.len());
+    let (mut left, mut right) = (
+        server_only.into_iter().peekable(),
+        from_patch.into_iter().peekable(),
+    );
+    loop {
+        let take_left = match (left.peek(), right.peek()) {
+            (Some(l), Some(r)) => {
+                matches!((server_index(l), server_index(r)), (Some(li), Some(ri)) if li < ri)
+            }
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (None, None) => break,
+        };
+        out.extend(if take_left { left.next() } else { right.next() });
+    }
+    out
 }
 
 fn strip_directives(m: &mut Map<String, Value>) {
@@ -288,9 +328,19 @@ mod tests {
         .unwrap();
         let conds = out["status"]["conditions"].as_array().unwrap();
         assert_eq!(conds.len(), 4);
+        // kube-apiserver's order (testkit/tests/differential.rs): the patch's items in its
+        // order, a new one before the server-only items that followed the last named one.
+        let types: Vec<&str> = conds.iter().map(|c| c["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            types,
+            [
+                "Ready",
+                "game.kruise.io/healthy",
+                "ContainersReady",
+                "PodScheduled"
+            ]
+        );
         assert_eq!(conds[0], json!({"type": "Ready", "status": "True"}));
-        assert_eq!(conds[1]["type"], "ContainersReady");
-        assert_eq!(conds[3]["type"], "game.kruise.io/healthy");
     }
 
     #[test]

@@ -211,11 +211,11 @@ async fn an_unqualified_condition_type_refuses_the_whole_status_update() {
         .unwrap_err();
     let (code, reason, msg) = status_of(e);
     assert_eq!((code, reason.as_str()), (422, "Invalid"));
-    // Word for word what kube-apiserver v1.37 answered (tests/real_sidecar.rs); the merged
-    // list holds the pod's three conditions first.
+    // Word for word what kube-apiserver v1.37 answered (tests/real_sidecar.rs); new items of
+    // a strategic merge come before the pod's existing conditions.
     assert_eq!(
         msg,
-        "Pod \"a\" is invalid: status.conditions[4].Type: Invalid value: \"not a qualified name!\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+        "Pod \"a\" is invalid: status.conditions[1].Type: Invalid value: \"not a qualified name!\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
     );
     assert_eq!(api.resource_version(), rv, "nothing written");
 }
