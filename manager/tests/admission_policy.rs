@@ -9,11 +9,14 @@
 //! `failurePolicy: Fail`).
 //!
 //! What this does not check, and why it still means something: the `cel` crate is an untyped
-//! interpreter, so a CEL type error the apiserver would report when the policy is created
-//! (it type-checks against the Pod schema) is not caught here; the objects here are plain JSON
-//! maps, which is how the apiserver presents unstructured objects to CEL (unset field = absent
-//! key, so `has()` behaves the same). The policy uses no Kubernetes CEL library function and
-//! no optional types (`[?...]`, `.orValue()`), precisely so that it means the same in both.
+//! interpreter, so a CEL type error is not caught here. Nor does kube-apiserver catch one when
+//! the policy is created: its type checker skips subresources, and this policy matches only
+//! pods/status (`real_admission_policy.rs` type-checks a copy matching pods, and runs these
+//! cases on a real apiserver). At admission the apiserver evaluates the expressions untyped
+//! too (object and oldObject are `dyn`): plain JSON maps, as here (unset field = absent key, so
+//! `has()` behaves the same; a misspelt field is a "no such key" error, which denies every
+//! write). The policy uses no Kubernetes CEL library function and no optional types
+//! (`[?...]`, `.orValue()`), precisely so that it means the same in both.
 
 mod chart;
 
@@ -339,11 +342,43 @@ fn annotation_change_through_status_is_denied() {
 }
 
 #[test]
+fn finalizer_change_through_status_is_denied() {
+    // pods/status persists finalizers: one added would hold the pod's deletion, one removed
+    // would cut another controller out of it.
+    let old = stored();
+    let mut new = stored();
+    new["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    assert_denied(
+        admit(&own_sidecar(), &new, &old),
+        "object.metadata.finalizers",
+    );
+    let mut old = stored();
+    old["metadata"]["finalizers"] = json!(["example.com/hold", "example.com/other"]);
+    let mut new = old.clone();
+    new["metadata"]["finalizers"] = json!(["example.com/other"]);
+    assert_denied(
+        admit(&own_sidecar(), &new, &old),
+        "object.metadata.finalizers",
+    );
+}
+
+#[test]
 fn phase_or_container_status_change_is_denied() {
     let old = stored();
     let mut new = stored();
     new["status"]["phase"] = json!("Failed");
     assert_denied(admit(&own_sidecar(), &new, &old), "object.status.phase");
+    // Fields pods/status persists next to the phase (reason "Evicted", say).
+    for (field, value) in [
+        ("reason", json!("Evicted")),
+        ("message", json!("evicted by podprobe")),
+        ("startTime", json!("2020-01-01T00:00:00Z")),
+    ] {
+        let mut new = stored();
+        new["status"][field] = value;
+        let expr = format!("object.status.{field}");
+        assert_denied(admit(&own_sidecar(), &new, &old), &expr);
+    }
     let mut new = stored();
     new["status"]["containerStatuses"][0]["ready"] = json!(false);
     assert_denied(admit(&own_sidecar(), &new, &old), "containerStatuses");
