@@ -63,7 +63,7 @@ async fn status_writes(client: &Client) -> Vec<String> {
     let created = pod(client, "a").await;
     let uid = created.metadata.uid.clone().unwrap();
     let mut seen = Vec::new();
-    let mut write = async |patch: serde_json::Value| {
+    let write = async |patch: serde_json::Value| {
         let result = pods
             .patch_status("a", &PatchParams::default(), &Patch::Strategic(&patch))
             .await;
