@@ -60,6 +60,31 @@ async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
     assert_eq!(idle.reason.as_deref(), Some("PodProbeSucceeded"));
     assert_eq!(idle.message.as_deref(), Some("idle"));
     assert!(idle.last_probe_time.is_some() && idle.last_transition_time.is_some());
+    let healthy_condition = condition(&pod, "game.kruise.io/healthy").unwrap();
+    assert_eq!(
+        healthy_condition.message.as_deref(),
+        Some("ok: 3 players, tick 16ms")
+    );
+    for kubelet in &kubelet_conditions {
+        assert_eq!(
+            condition(&pod, &kubelet.type_),
+            Some(kubelet),
+            "kubelet's {} untouched",
+            kubelet.type_
+        );
+    }
+
+    // Only the message changes: written, lastTransitionTime kept.
+    std::fs::write(&flag, "idle, map de_dust").unwrap();
+    let pod = cluster
+        .wait_pod("gs-0", LIMIT, |p| {
+            condition(p, "game.kruise.io/idle")
+                .is_some_and(|c| c.message.as_deref() == Some("idle, map de_dust"))
+        })
+        .await;
+    let changed = condition(&pod, "game.kruise.io/idle").unwrap();
+    assert_eq!(changed.status, "True");
+    assert_eq!(changed.last_transition_time, idle.last_transition_time);
 
     // Each target goes down.
     std::fs::remove_file(&flag).unwrap();
@@ -72,6 +97,17 @@ async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
                 && has_status(p, "game.kruise.io/healthy", "False")
         })
         .await;
+    let idle = condition(&pod, "game.kruise.io/idle").unwrap();
+    assert_eq!(idle.reason.as_deref(), Some("PodProbeFailed"));
+    assert_eq!(idle.message.as_deref(), Some("down\n"));
+    assert!(
+        condition(&pod, "game.kruise.io/accepting")
+            .unwrap()
+            .message
+            .as_deref()
+            .unwrap()
+            .contains("connection refused")
+    );
     assert_eq!(
         condition(&pod, "game.kruise.io/healthy")
             .unwrap()
