@@ -10,9 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
-use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use podprobe::demo::{GamePort, serve_health};
 use serde_json::json;
 use support::real::{RealCluster, SIDECAR_SA};
@@ -147,12 +145,9 @@ async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
     }
 
     // Its events passed the real events.k8s.io/v1 validation.
-    let events: Api<Event> = Api::namespaced(cluster.cp.client(), NS);
-    let reasons: Vec<String> = events
-        .list(&ListParams::default())
+    let reasons: Vec<String> = cluster
+        .events()
         .await
-        .unwrap()
-        .items
         .into_iter()
         .filter_map(|e| e.reason)
         .collect();
@@ -300,12 +295,9 @@ async fn a_probe_with_an_unqualified_condition_type_is_invalid_and_holds_back_no
         "{}",
         sidecar.log()
     );
-    let events: Api<Event> = Api::namespaced(cluster.cp.client(), NS);
-    let invalid = events
-        .list(&ListParams::default())
+    let invalid = cluster
+        .events()
         .await
-        .unwrap()
-        .items
         .into_iter()
         .find(|e| e.reason.as_deref() == Some("PodProbeInvalid"))
         .expect("a PodProbeInvalid event");

@@ -7,9 +7,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use testkit::real::{AuditEvent, ControlPlane};
 
@@ -40,6 +41,12 @@ impl RealCluster {
     /// Pods, as the admin.
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.cp.client(), NS)
+    }
+
+    /// The `events.k8s.io/v1` events stored in [`NS`]: what passed the apiserver's validation.
+    pub async fn events(&self) -> Vec<Event> {
+        let events: Api<Event> = Api::namespaced(self.cp.client(), NS);
+        events.list(&ListParams::default()).await.unwrap().items
     }
 
     /// Creates a [`game_pod`] running as [`SIDECAR_SA`] and reports it running, started long
