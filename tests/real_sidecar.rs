@@ -329,15 +329,7 @@ async fn a_same_named_replacement_pod_is_never_written() {
         .service_account_token(NS, SIDECAR_SA)
         .await
         .unwrap();
-    let annotations = cluster.dir.path().join("annotations");
-    std::fs::write(
-        &annotations,
-        format!(
-            "kruise.io/podprobe={}",
-            podprobe::annotation::go_quote(&annotation)
-        ),
-    )
-    .unwrap();
+    let annotations = cluster.annotations_file(&annotation);
     let sidecar = cluster.sidecar_with_token(
         "gs-r",
         &token,
@@ -385,15 +377,7 @@ async fn a_deleted_pods_token_stops_working_and_the_sidecar_says_why() {
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
     let pod = cluster.create_pod("gs-t", &annotation, json!([])).await;
-    let annotations = cluster.dir.path().join("annotations");
-    std::fs::write(
-        &annotations,
-        format!(
-            "kruise.io/podprobe={}",
-            podprobe::annotation::go_quote(&annotation)
-        ),
-    )
-    .unwrap();
+    let annotations = cluster.annotations_file(&annotation);
     let uid = pod.metadata.uid.clone().unwrap();
     let sidecar = cluster
         .sidecar(
@@ -423,6 +407,51 @@ async fn a_deleted_pods_token_stops_working_and_the_sidecar_says_why() {
             LIMIT,
         )
         .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pod_is_a_404_to_a_token_not_bound_to_it_and_the_sidecar_says_why() {
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let annotation = array(&[file_probe("p", "c/p", &flag)]);
+    let pod = cluster.create_pod("gs-g", &annotation, json!([])).await;
+    // A token of the account alone (as from a mounted Secret) outlives the pod, so the write
+    // reaches the pod's lookup.
+    let token = cluster
+        .cp
+        .service_account_token(NS, SIDECAR_SA)
+        .await
+        .unwrap();
+    let annotations = cluster.annotations_file(&annotation);
+    let sidecar = cluster.sidecar_with_token(
+        "gs-g",
+        &token,
+        &[
+            "--source",
+            "file",
+            "--annotations-file",
+            annotations.to_str().unwrap(),
+            "--pod-uid",
+            pod.metadata.uid.as_deref().unwrap(),
+        ],
+    );
+    cluster
+        .wait_pod("gs-g", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+    cluster
+        .pods()
+        .delete("gs-g", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    std::fs::remove_file(&flag).unwrap();
+    cluster
+        .wait_audit("the write to the deleted pod", LIMIT, |e| {
+            e.is("patch", "pods/status", Some("gs-g")) && e.code() == 404
+        })
+        .await;
+    sidecar.wait_log("the pod no longer exists", LIMIT).await;
+    assert!(!sidecar.log().contains("panicked"), "{}", sidecar.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,6 +108,15 @@ impl RealCluster {
         start_sidecar(self.dir.path(), &kubeconfig, name, extra)
     }
 
+    /// `annotation` as a downward-API annotations file holds it, for a sidecar that must go on
+    /// as its pod after the pod is gone (`--source file`: nothing follows the pod).
+    pub fn annotations_file(&self, annotation: &str) -> PathBuf {
+        let path = unique(self.dir.path(), "pod", "annotations");
+        let quoted = podprobe::annotation::go_quote(annotation);
+        std::fs::write(&path, format!("kruise.io/podprobe={quoted}")).unwrap();
+        path
+    }
+
     fn kubeconfig_for(&self, name: &str, token: &str) -> PathBuf {
         let path = unique(self.dir.path(), name, "kubeconfig");
         self.cp
