@@ -11,10 +11,13 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --version "$nextest_version" --locked
 fi
 
-echo "== musl target and musl-gcc for the static sidecar build test"
-if ! command -v musl-gcc >/dev/null; then
+echo "== Debian packages: musl-gcc (static sidecar build test), capsh (procfs exec without CAP_SYS_PTRACE)"
+missing=()
+command -v musl-gcc >/dev/null || missing+=(musl-tools)
+[ -x /usr/sbin/capsh ] || [ -x /sbin/capsh ] || [ -x /usr/bin/capsh ] || missing+=(libcap2-bin)
+if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
-  apt-get install -y -qq musl-tools
+  apt-get install -y -qq "${missing[@]}"
 fi
 rustup target add x86_64-unknown-linux-musl
 

@@ -1,8 +1,10 @@
 //! `procfs` exec mode against a real process running chrooted in a prepared root directory,
 //! as a non-root uid, so `/proc/<pid>/root` differs from ours.
 //!
-//! Needs root (chroot, setuid); the tests print `SKIP: <reason>` and pass only where the
-//! machine forbids chroot. Every child is spawned through podprobe's reaper.
+//! Needs root with CAP_SYS_CHROOT (chroot, setuid), a writable cgroup hierarchy and `capsh`, as
+//! the project's machines have (`hack/setup-tests.sh` installs capsh); a missing prerequisite
+//! fails the test with what is missing, it never passes unrun. Every child is spawned through
+//! podprobe's reaper.
 #[path = "support/rootfs.rs"]
 mod rootfs;
 #[path = "support/zombies.rs"]
@@ -26,20 +28,24 @@ struct Fixture {
     target: TargetProcess,
 }
 
-async fn fixture() -> Option<Fixture> {
+/// Panics, naming what is missing, where the machine cannot run these tests.
+fn require_chroot() {
     if let Some(why) = rootfs::cannot_chroot() {
-        eprintln!("SKIP: {why}");
-        return None;
+        panic!("procfs exec mode needs root with CAP_SYS_CHROOT to be tested: {why}");
     }
+}
+
+async fn fixture() -> Fixture {
+    require_chroot();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     rootfs::build(&root).await;
     let target = TargetProcess::start(&root).await;
-    Some(Fixture {
+    Fixture {
         _dir: dir,
         root,
         target,
-    })
+    }
 }
 
 fn cmd(argv: &[&str]) -> ExecAction {
@@ -59,7 +65,7 @@ async fn in_target(
 /// The probe sees the target's files, environment, working directory and runs as its uid/gid.
 #[tokio::test]
 async fn runs_with_the_targets_root_env_cwd_and_ids() {
-    let Some(f) = fixture().await else { return };
+    let f = fixture().await;
     let obs = in_target(
         f.target.pid,
         cmd(&[
@@ -91,7 +97,7 @@ async fn runs_with_the_targets_root_env_cwd_and_ids() {
 /// the target's PATH), and cannot even start in local mode.
 #[tokio::test]
 async fn a_script_only_in_the_target_root_succeeds() {
-    let Some(f) = fixture().await else { return };
+    let f = fixture().await;
     let by_path = in_target(f.target.pid, cmd(&["/data/probe.sh"]), 5 * SEC)
         .await
         .unwrap();
@@ -115,7 +121,7 @@ async fn a_script_only_in_the_target_root_succeeds() {
 /// Exit codes, stderr and missing commands behave as in local mode.
 #[tokio::test]
 async fn failures_and_missing_commands() {
-    let Some(f) = fixture().await else { return };
+    let f = fixture().await;
     let obs = in_target(
         f.target.pid,
         cmd(&["sh", "-c", "echo out; echo broken >&2; exit 3"]),
@@ -140,7 +146,7 @@ fn alive(pid: i32) -> bool {
 /// is killed and reaped; no zombies remain and the target itself lives on.
 #[tokio::test]
 async fn timeout_kills_the_whole_group_without_zombies() {
-    let Some(f) = fixture().await else { return };
+    let f = fixture().await;
     let orphans = reaper::orphans_reaped();
     let script = "sleep 30 & echo $! > /tmp/bg; sleep 30";
     let started = Instant::now();
@@ -177,14 +183,12 @@ async fn timeout_kills_the_whole_group_without_zombies() {
 
 /// The whole path through `Prober` in `procfs` mode: the target is found by its containerID in
 /// `/proc/<pid>/cgroup` (we put it in a cgroup named like containerd's), and `auto` picks
-/// procfs for it. Skips (printing why) when no writable cgroup2 hierarchy is mounted.
+/// procfs for it.
 #[tokio::test]
 async fn prober_finds_the_target_by_container_id() {
-    let Some(f) = fixture().await else { return };
+    let f = fixture().await;
     let hex = format!("{:064x}", u128::from(std::process::id()) << 64 | 0xfeed);
-    let Some(cgroup) = Cgroup::create(&format!("cri-containerd-{hex}.scope")) else {
-        return;
-    };
+    let cgroup = Cgroup::create(&format!("cri-containerd-{hex}.scope"));
     cgroup.add(f.target.pid);
     let target = Target {
         container_name: "game".into(),
@@ -209,27 +213,33 @@ struct Cgroup {
 }
 
 impl Cgroup {
-    fn create(name: &str) -> Option<Cgroup> {
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let Some(mount) = mountinfo.lines().find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            right
-                .starts_with("cgroup2 ")
-                .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-        }) else {
-            eprintln!("SKIP: no cgroup2 hierarchy is mounted");
-            return None;
-        };
+    /// In the cgroup2 hierarchy, or else the first cgroup v1 one (a host on cgroup v1 shows the
+    /// container id in `/proc/<pid>/cgroup` just the same). Panics, naming why, where neither is
+    /// mounted writable.
+    fn create(name: &str) -> Cgroup {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mounts: Vec<(&str, PathBuf)> = mountinfo
+            .lines()
+            .filter_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let fstype = right.split_whitespace().next()?;
+                let point = left.split_whitespace().nth(4)?;
+                Some((fstype, PathBuf::from(point)))
+            })
+            .filter(|(fstype, _)| *fstype == "cgroup2" || *fstype == "cgroup")
+            .collect();
+        let mount = mounts
+            .iter()
+            .find(|(fstype, _)| *fstype == "cgroup2")
+            .or_else(|| mounts.first())
+            .map(|(_, point)| point)
+            .expect("no cgroup hierarchy is mounted: the container-id lookup cannot be tested");
         let parent = mount.join(format!("podprobe-test-{}", std::process::id()));
         let path = parent.join(name);
         if let Err(e) = std::fs::create_dir_all(&path) {
-            eprintln!(
-                "SKIP: cannot create a cgroup under {}: {e}",
-                mount.display()
-            );
-            return None;
+            panic!("cannot create a cgroup under {}: {e}", mount.display());
         }
-        Some(Cgroup { parent, path })
+        Cgroup { parent, path }
     }
 
     fn add(&self, pid: i32) {
@@ -258,7 +268,7 @@ async fn works_without_cap_sys_ptrace() {
             .map(|h| u64::from_str_radix(h.trim(), 16).unwrap())
             .unwrap();
         assert_eq!(eff & (1 << 19), 0, "CAP_SYS_PTRACE is still effective");
-        let Some(f) = fixture().await else { return };
+        let f = fixture().await;
         let obs = in_target(
             f.target.pid,
             cmd(&["sh", "-c", "id -u; cat only-in-target"]),
@@ -272,17 +282,11 @@ async fn works_without_cap_sys_ptrace() {
         );
         return;
     }
-    if let Some(why) = rootfs::cannot_chroot() {
-        eprintln!("SKIP: {why}");
-        return;
-    }
-    let Some(capsh) = ["/usr/sbin/capsh", "/sbin/capsh", "/usr/bin/capsh"]
+    require_chroot();
+    let capsh = ["/usr/sbin/capsh", "/sbin/capsh", "/usr/bin/capsh"]
         .into_iter()
         .find(|p| Path::new(p).exists())
-    else {
-        eprintln!("SKIP: capsh is not installed (package libcap2-bin)");
-        return;
-    };
+        .expect("capsh is not installed (package libcap2-bin; hack/setup-tests.sh installs it)");
     let exe = std::env::current_exe().unwrap();
     let mut command = std::process::Command::new(capsh);
     command
