@@ -1,5 +1,6 @@
-//! The `kruise.io/podprobe` protocol: wire types (shared with the manager), parsing,
-//! per-probe validation, and the kubelet downward-API annotations file format.
+//! Reading the `kruise.io/podprobe` annotation (the protocol's types and rules are the
+//! `podprobe-protocol` crate's): parsing, per-probe validation into what the runner runs, and
+//! the kubelet downward-API annotations file format.
 //!
 //! Parsing never fails as a whole because of one bad probe: each entry is decoded and validated
 //! on its own, good entries become [`ProbeSpec`]s and bad ones [`InvalidProbe`]s with a reason a
@@ -10,46 +11,18 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ContainerPort, PodSpec, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::{Deserialize, Serialize};
+use podprobe_protocol::names::qualified_name_errors;
+use podprobe_protocol::rules::{
+    HEADER_NAME_RULE, PortViolation, UrlViolation, is_header_name, port_name_violations,
+    port_number_violation, url_violation,
+};
 
 use crate::probe::{ExecAction, GrpcAction, Handler, HttpAction, Port, Scheme, TcpAction};
 
-/// Pod annotation holding the probes (written by kruise-manager or podprobe-manager).
-pub const PODPROBE_ANNOTATION: &str = "kruise.io/podprobe";
-/// Pod annotation listing the PodProbeMarkers that contributed probes.
-pub const MARKER_LIST_ANNOTATION: &str = "kruise.io/podprobemarker-list";
-
-/// Kubernetes caps the total size of an object's annotations at 256 KiB, so a larger value
-/// cannot have come from a real apiserver; refusing it bounds what podprobe parses.
-pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
-
-/// Condition types owned by the kubelet and Kruise; a probe may not write them (the manager's
-/// validation refuses them too).
-pub const RESERVED_CONDITION_TYPES: &[&str] = &[
-    "PodScheduled",
-    "Initialized",
-    "Ready",
-    "ContainersReady",
-    "KruisePodReady",
-    "InPlaceUpdateReady",
-    "PodReadyToStartContainers",
-    "DisruptionTarget",
-];
-
-/// One element of the annotation, exactly as OpenKruise serialises `PodContainerProbe`
-/// (`markerPolicy` is stripped by the writer; it is accepted and ignored if present).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodContainerProbe {
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub container_name: String,
-    #[serde(default)]
-    pub probe: Probe,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_condition_type: Option<String>,
-}
+pub use podprobe_protocol::annotation::{
+    MARKER_LIST_ANNOTATION, MAX_ANNOTATION_BYTES, PODPROBE_ANNOTATION, PodContainerProbe,
+    RESERVED_CONDITION_TYPES,
+};
 
 /// A probe that passed validation, ready for the runner.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,9 +115,9 @@ pub enum ProbeError {
     BadPort { field: &'static str, reason: String },
     #[error("probe.httpGet.scheme: {0:?} is not supported (HTTP or HTTPS)")]
     BadScheme(String),
-    #[error("probe.httpGet.path: {0:?} is not a valid URL path")]
-    BadPath(String),
-    #[error("probe.httpGet.httpHeaders: {0:?} is not a valid header name")]
+    #[error("probe.httpGet.path: {0:?} is not a valid URL path: {1}")]
+    BadPath(String, UrlViolation),
+    #[error("probe.httpGet.httpHeaders: {0:?} is not a valid header name: {HEADER_NAME_RULE}")]
     BadHeaderName(String),
 }
 
@@ -283,7 +256,7 @@ pub fn validate(
     }
     // One condition type the apiserver refuses makes it reject the whole status patch, so
     // writing it would hold back every other probe's condition.
-    let name_errors = crate::names::qualified_name_errors(&condition_type);
+    let name_errors = qualified_name_errors(&condition_type);
     if !name_errors.is_empty() {
         return Err(ProbeError::InvalidConditionType(
             condition_type,
@@ -341,12 +314,12 @@ fn handler_of(probe: &Probe, ports: Option<&[ContainerPort]>) -> Result<Handler,
             Some(other) => return Err(ProbeError::BadScheme(other.to_owned())),
         };
         let path = http.path.clone().unwrap_or_default();
-        if !valid_percent_escapes(&path) {
-            return Err(ProbeError::BadPath(path));
+        if let Some(why) = url_violation(&path) {
+            return Err(ProbeError::BadPath(path, why));
         }
         let mut headers = Vec::new();
         for header in http.http_headers.iter().flatten() {
-            if !is_header_token(&header.name) {
+            if !is_header_name(&header.name) {
                 return Err(ProbeError::BadHeaderName(header.name.clone()));
             }
             headers.push((header.name.clone(), header.value.clone()));
@@ -375,13 +348,13 @@ fn handler_of(probe: &Probe, ports: Option<&[ContainerPort]>) -> Result<Handler,
 }
 
 fn port_number(n: i64, field: &'static str) -> Result<u16, ProbeError> {
-    u16::try_from(n)
-        .ok()
-        .filter(|n| *n != 0)
-        .ok_or_else(|| ProbeError::BadPort {
+    match (port_number_violation(n), u16::try_from(n)) {
+        (None, Ok(port)) => Ok(port),
+        (violation, _) => Err(ProbeError::BadPort {
             field,
-            reason: format!("{n} is out of range (1-65535)"),
-        })
+            reason: format!("{n} {}", violation.unwrap_or(PortViolation::OutOfRange)),
+        }),
+    }
 }
 
 /// Checks an int-or-string port. A name must be an IANA service name; when the container's ports
@@ -398,10 +371,10 @@ fn port_of(
             if let Ok(n) = name.parse::<i64>() {
                 return port_number(n, field).map(Port::Number);
             }
-            if let Err(reason) = check_port_name(name) {
+            if let Some(violation) = port_name_violations(name).first() {
                 return Err(ProbeError::BadPort {
                     field,
-                    reason: format!("{name:?} {reason}"),
+                    reason: format!("{name:?} {violation}"),
                 });
             }
             if let Some(ports) = ports
@@ -415,55 +388,6 @@ fn port_of(
             Ok(Port::Name(name.clone()))
         }
     }
-}
-
-/// IANA service name rules (Kubernetes `IsValidPortName`).
-fn check_port_name(name: &str) -> Result<(), &'static str> {
-    if name.is_empty() || name.len() > 15 {
-        return Err("must be 1-15 characters");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        return Err("may contain only lower-case letters, digits and '-'");
-    }
-    if !name.bytes().any(|b| b.is_ascii_lowercase()) {
-        return Err("must contain at least one letter");
-    }
-    if name.starts_with('-') || name.ends_with('-') || name.contains("--") {
-        return Err("may not begin or end with '-' or contain '--'");
-    }
-    Ok(())
-}
-
-/// RFC 7230 token characters (what Kubernetes' `IsHTTPHeaderName` accepts, and what the HTTP
-/// stack can send).
-fn is_header_token(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-/// Go's `url.Parse` rejects a `%` not followed by two hex digits (`path%notvalid`).
-fn valid_percent_escapes(path: &str) -> bool {
-    let bytes = path.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let ok = bytes.len() > i + 2
-                && bytes[i + 1].is_ascii_hexdigit()
-                && bytes[i + 2].is_ascii_hexdigit();
-            if !ok {
-                return false;
-            }
-            i += 3;
-        } else {
-            i += 1;
-        }
-    }
-    true
 }
 
 /// Reads a Pod manifest's annotation and containers. Returns `None` when the pod has no

@@ -23,15 +23,6 @@ pub const REASON_SUCCEEDED: &str = "PodProbeSucceeded";
 pub const REASON_FAILED: &str = "PodProbeFailed";
 pub const REASON_UNKNOWN: &str = "PodProbeUnknown";
 
-/// `True` / `False` / `Unknown`, as OpenKruise maps probe states to condition statuses.
-pub fn status_of(state: ProbeState) -> &'static str {
-    match state {
-        ProbeState::Succeeded => "True",
-        ProbeState::Failed => "False",
-        ProbeState::Unknown => "Unknown",
-    }
-}
-
 pub fn reason_of(state: ProbeState) -> &'static str {
     match state {
         ProbeState::Succeeded => REASON_SUCCEEDED,
@@ -73,7 +64,7 @@ impl ConditionBook {
     /// from what the pod has; `None` when the pod already says this.
     pub fn record(&mut self, transition: &Transition) -> Option<PodCondition> {
         let condition_type = &transition.probe.condition_type;
-        let status = status_of(transition.state);
+        let status = transition.state.condition_status();
         let at = kube_time(transition.at);
         let previous = self.by_type.get(condition_type);
         if let Some(previous) = previous
@@ -189,9 +180,6 @@ mod tests {
 
     #[test]
     fn statuses_and_reasons() {
-        assert_eq!(status_of(ProbeState::Succeeded), "True");
-        assert_eq!(status_of(ProbeState::Failed), "False");
-        assert_eq!(status_of(ProbeState::Unknown), "Unknown");
         assert_eq!(reason_of(ProbeState::Failed), "PodProbeFailed");
         assert_eq!(reason_of(ProbeState::Unknown), "PodProbeUnknown");
     }

@@ -1,12 +1,11 @@
 //! podprobe: runs OpenKruise PodProbeMarker probes from inside a pod.
 //!
-//! - [`annotation`]: the `kruise.io/podprobe` protocol, parsing and validation;
+//! - [`annotation`]: reading `kruise.io/podprobe` (whose protocol is the `podprobe-protocol`
+//!   crate, shared with the manager) into probes the runner can run;
 //! - [`probe`]: one attempt of an exec, tcpSocket, httpGet or grpc probe;
 //! - [`runner`]: workers with timing, thresholds and state;
 //! - [`condition`]: transitions to pod conditions and the status patch;
 //! - [`pod`]: the sidecar's view of its pod (apiserver watch or downward-API file);
-//! - [`uid_guard`]: how the apiserver answers the uid in podprobe's patches;
-//! - [`names`]: Kubernetes name rules (qualified names) shared with the manager;
 //! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
 //! - [`sidecar`], [`check`], [`demo`]: the `run`, `check` and `demo` commands.
 
@@ -16,10 +15,8 @@ pub mod condition;
 pub mod demo;
 pub mod events;
 pub mod metrics;
-pub mod names;
 pub mod pod;
 pub mod probe;
 pub mod runner;
 pub mod shutdown;
 pub mod sidecar;
-pub mod uid_guard;

@@ -78,9 +78,6 @@ impl PodView {
                 statuses.insert(name.clone(), view);
             }
         }
-        let phase_done = status
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed");
         PodView {
             uid: pod.metadata.uid.clone(),
             annotation,
@@ -89,7 +86,7 @@ impl PodView {
             pod_ip: status
                 .and_then(|s| s.pod_ip.clone())
                 .filter(|ip| !ip.is_empty()),
-            terminating: pod.metadata.deletion_timestamp.is_some() || phase_done,
+            terminating: !podprobe_protocol::pod::is_active(pod),
             conditions: status
                 .and_then(|s| s.conditions.clone())
                 .unwrap_or_default(),

@@ -40,13 +40,7 @@ impl Attempter for Prober {
     }
 }
 
-/// The state a probe publishes (and the condition status it maps to).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum ProbeState {
-    Succeeded,
-    Failed,
-    Unknown,
-}
+pub use podprobe_protocol::state::ProbeState;
 
 impl From<Outcome> for ProbeState {
     fn from(outcome: Outcome) -> Self {
@@ -54,16 +48,6 @@ impl From<Outcome> for ProbeState {
             Outcome::Succeeded => ProbeState::Succeeded,
             Outcome::Failed => ProbeState::Failed,
         }
-    }
-}
-
-impl std::fmt::Display for ProbeState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ProbeState::Succeeded => "Succeeded",
-            ProbeState::Failed => "Failed",
-            ProbeState::Unknown => "Unknown",
-        })
     }
 }
 

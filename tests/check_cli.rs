@@ -65,12 +65,12 @@ fn bad_input_exits_2_naming_file_probe_and_field() {
         (
             "port0.json",
             annotation(&[entry("p", "c", r#"{"tcpSocket":{"port":0}}"#)]),
-            "probe.tcpSocket.port: 0 is out of range",
+            "probe.tcpSocket.port: 0 must be between 1 and 65535, inclusive",
         ),
         (
             "port65536.json",
             annotation(&[entry("p", "c", r#"{"tcpSocket":{"port":65536}}"#)]),
-            "probe.tcpSocket.port: 65536 is out of range",
+            "probe.tcpSocket.port: 65536 must be between 1 and 65535, inclusive",
         ),
         (
             "unknown-port.yaml",

@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use k8s_openapi::api::core::v1::Pod;
-use podprobe::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION, PodContainerProbe};
+use podprobe_protocol::annotation::{
+    MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION, PodContainerProbe,
+};
 use serde_json::Value;
 
 use crate::crd::PodProbeMarker;

@@ -189,7 +189,10 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
         let condition_types: Vec<String> = annotations
             .as_ref()
             .and_then(|a| {
-                serde_json::from_str::<Vec<podprobe::annotation::PodContainerProbe>>(&a.probes).ok()
+                serde_json::from_str::<Vec<podprobe_protocol::annotation::PodContainerProbe>>(
+                    &a.probes,
+                )
+                .ok()
             })
             .unwrap_or_default()
             .into_iter()

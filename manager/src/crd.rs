@@ -17,11 +17,6 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// `ProbeMarkerPolicy.state` when the probe succeeded (pod condition `True`).
-pub const STATE_SUCCEEDED: &str = "Succeeded";
-/// `ProbeMarkerPolicy.state` when the probe failed (pod condition `False`).
-pub const STATE_FAILED: &str = "Failed";
-
 /// Spec of a PodProbeMarker: which pods, and which probes to run in them.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
     ExecAction, GRPCAction, HTTPGetAction, HTTPHeader, Probe, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use podprobe::annotation::PodContainerProbe;
+use podprobe_protocol::annotation::PodContainerProbe;
 
 /// `json.Marshal([]PodContainerProbe)` with `markerPolicy` cleared.
 pub fn probes_to_go_json(probes: &[PodContainerProbe]) -> String {

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use serde::Serialize;
 
-use crate::crd::{PodContainerProbe, PodProbeMarker, STATE_FAILED, STATE_SUCCEEDED};
+use podprobe_protocol::state::ProbeState;
+
+use crate::crd::{PodContainerProbe, PodProbeMarker};
 use crate::selector::markers_for_pod;
 
 /// A strategic-merge patch of pod metadata: `Some` sets a key, `None` (JSON `null`) deletes it.
@@ -121,16 +123,8 @@ pub fn marker_patch(pod: &Pod, namespace_ppms: &[PodProbeMarker]) -> Option<Mark
 /// The policy state a condition selects: `True` → Succeeded, `False` → Failed; `Unknown`,
 /// anything else or no condition → none (markers stay as they are until the probe decides).
 fn condition_state(conditions: &[PodCondition], condition_type: &str) -> Option<&'static str> {
-    match conditions
-        .iter()
-        .find(|c| c.type_ == condition_type)?
-        .status
-        .as_str()
-    {
-        "True" => Some(STATE_SUCCEEDED),
-        "False" => Some(STATE_FAILED),
-        _ => None,
-    }
+    let condition = conditions.iter().find(|c| c.type_ == condition_type)?;
+    ProbeState::of_condition_status(&condition.status).marker_state()
 }
 
 fn diff(

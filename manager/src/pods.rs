@@ -43,8 +43,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
-use podprobe::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
-use podprobe::uid_guard::refused_by_uid_guard;
+use podprobe_protocol::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
+use podprobe_protocol::uid_guard::refused_by_uid_guard;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{BroadcastStream, UnboundedReceiverStream};
 use tokio_util::sync::CancellationToken;
@@ -93,14 +93,7 @@ pub fn parse_selector(s: &str) -> Result<LabelSelector, String> {
     })
 }
 
-/// Not terminating and not finished.
-pub fn is_active(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && !matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        )
-}
+use podprobe_protocol::pod::is_active;
 
 /// The pod runs the podprobe sidecar.
 pub fn runs_sidecar(pod: &Pod, sidecar_name: &str) -> bool {

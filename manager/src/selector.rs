@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use podprobe::annotation::MARKER_LIST_ANNOTATION;
+use podprobe_protocol::annotation::MARKER_LIST_ANNOTATION;
 
 use crate::crd::PodProbeMarker;
 

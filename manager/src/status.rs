@@ -29,8 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::crd::PodProbeMarker;
 use crate::metrics::Metrics;
-use crate::pods::is_active;
 use crate::selector;
+use podprobe_protocol::pod::is_active;
 
 /// How often every PPM is recounted without a trigger.
 const RECOUNT: Duration = Duration::from_secs(60);

@@ -12,9 +12,14 @@ use k8s_openapi::api::core::v1::{ExecAction, GRPCAction, HTTPGetAction, Probe, T
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::crd::{
-    PodProbeMarker, PodProbeMarkerSpec, ProbeMarkerPolicy, STATE_FAILED, STATE_SUCCEEDED,
+use podprobe_protocol::annotation::{MAX_ANNOTATION_BYTES, RESERVED_CONDITION_TYPES};
+use podprobe_protocol::names::{is_qualified_part, qualified_name_errors};
+use podprobe_protocol::rules::{
+    HEADER_NAME_RULE, is_header_name, port_name_violations, port_number_violation, url_violation,
 };
+use podprobe_protocol::state::{STATE_FAILED, STATE_SUCCEEDED};
+
+use crate::crd::{PodProbeMarker, PodProbeMarkerSpec, ProbeMarkerPolicy};
 use crate::selector;
 
 /// Probe names OpenKruise refuses (it checks the probe *name*, not the condition type).
@@ -26,12 +31,6 @@ const RESERVED_PROBE_NAMES: &[&str] = &[
     "KruisePodReady",
     "InPlaceUpdateReady",
 ];
-
-// Condition types the sidecar will not write, because the kubelet or Kruise own them.
-use podprobe::annotation::RESERVED_CONDITION_TYPES;
-use podprobe::names::{is_qualified_part, qualified_name_errors};
-
-const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 
 /// Kind of a field error, as apimachinery's `field.ErrorType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,9 +388,9 @@ fn validate_tcp_socket(tcp: &TCPSocketAction, path: &str) -> Vec<FieldError> {
 }
 
 fn validate_grpc(grpc: &GRPCAction, path: &str) -> Vec<FieldError> {
-    port_number_errors(grpc.port)
+    port_number_violation(i64::from(grpc.port))
         .into_iter()
-        .map(|msg| invalid(&format!("{path}.port"), grpc.port, msg))
+        .map(|violation| invalid(&format!("{path}.port"), grpc.port, violation.to_string()))
         .collect()
 }
 
@@ -406,7 +405,7 @@ pub fn validate_http_get(http: &HTTPGetAction, path: &str) -> Vec<FieldError> {
     if url_path.is_empty() {
         errors.push(err(&path_field, ErrorKind::Required, None, ""));
     }
-    if let Err(why) = go_url_parse(url_path) {
+    if let Some(why) = url_violation(url_path) {
         errors.push(invalid(
             &path_field,
             quoted(url_path),
@@ -424,12 +423,11 @@ pub fn validate_http_get(http: &HTTPGetAction, path: &str) -> Vec<FieldError> {
         ));
     }
     for (i, header) in http.http_headers.iter().flatten().enumerate() {
-        if !is_http_token(&header.name) {
+        if !is_header_name(&header.name) {
             errors.push(invalid(
                 &format!("{path}.httpHeaders[{i}].name"),
                 quoted(&header.name),
-                "a valid HTTP header must consist of alphanumeric characters, '-' and \
-                 !#$%&'*+.^_`|~ (regex '[-A-Za-z0-9!#$%&'*+.^_`|~]+')",
+                HEADER_NAME_RULE,
             ));
         }
     }
@@ -438,108 +436,15 @@ pub fn validate_http_get(http: &HTTPGetAction, path: &str) -> Vec<FieldError> {
 
 fn validate_port(port: &IntOrString, path: &str) -> Vec<FieldError> {
     match port {
-        IntOrString::Int(n) => port_number_errors(*n)
+        IntOrString::Int(n) => port_number_violation(i64::from(*n))
             .into_iter()
-            .map(|msg| invalid(path, n, msg))
+            .map(|violation| invalid(path, n, violation.to_string()))
             .collect(),
-        IntOrString::String(s) => port_name_errors(s)
+        IntOrString::String(s) => port_name_violations(s)
             .into_iter()
-            .map(|msg| invalid(path, quoted(s), msg))
+            .map(|violation| invalid(path, quoted(s), violation.to_string()))
             .collect(),
     }
-}
-
-fn port_number_errors(n: i32) -> Vec<&'static str> {
-    if (1..=65535).contains(&n) {
-        vec![]
-    } else {
-        vec!["must be between 1 and 65535, inclusive"]
-    }
-}
-
-/// apimachinery's `IsValidPortName` (IANA service name), one message per broken rule.
-fn port_name_errors(name: &str) -> Vec<&'static str> {
-    let mut msgs = Vec::new();
-    if name.len() > 15 {
-        msgs.push("must be no more than 15 characters");
-    }
-    if name.is_empty()
-        || !name
-            .bytes()
-            .all(|b| b == b'-' || b.is_ascii_lowercase() || b.is_ascii_digit())
-    {
-        msgs.push("must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)");
-    }
-    if !name.bytes().any(|b| b.is_ascii_lowercase()) {
-        msgs.push("must contain at least one letter (a-z)");
-    }
-    if name.contains("--") {
-        msgs.push("must not contain consecutive hyphens");
-    }
-    if name.starts_with('-') || name.ends_with('-') {
-        msgs.push("must not begin or end with a hyphen");
-    }
-    msgs
-}
-
-fn is_http_token(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-!#$%&'*+.^_`|~".contains(&b))
-}
-
-/// The failures of Go's `url.Parse` that a probe path can hit: control characters, a leading
-/// `:` (missing scheme), a colon in the first segment of a scheme-less relative path, and bad
-/// `%` escapes in the path or fragment (the query is not checked by Go either).
-fn go_url_parse(raw: &str) -> Result<(), &'static str> {
-    if raw.bytes().any(|b| b < 0x20 || b == 0x7f) {
-        return Err("invalid control character in URL");
-    }
-    let (rest, fragment) = raw.split_once('#').unwrap_or((raw, ""));
-    if !valid_escapes(fragment) {
-        return Err("invalid URL escape");
-    }
-    if rest.starts_with(':') {
-        return Err("missing protocol scheme");
-    }
-    let has_scheme = rest.split_once(':').is_some_and(|(s, _)| {
-        s.starts_with(|c: char| c.is_ascii_alphabetic())
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
-    });
-    let rest = rest.split_once('?').map_or(rest, |(p, _)| p);
-    let path = if has_scheme {
-        rest.split_once(':').map_or("", |(_, p)| p)
-    } else {
-        if !rest.starts_with('/') && rest.split('/').next().is_some_and(|seg| seg.contains(':')) {
-            return Err("first path segment in URL cannot contain colon");
-        }
-        rest
-    };
-    if valid_escapes(path) {
-        Ok(())
-    } else {
-        Err("invalid URL escape")
-    }
-}
-
-fn valid_escapes(s: &str) -> bool {
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            if !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
-                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
-            {
-                return false;
-            }
-            i += 3;
-        } else {
-            i += 1;
-        }
-    }
-    true
 }
 
 fn validate_policy(policy: &ProbeMarkerPolicy, path: &str) -> Vec<FieldError> {
@@ -568,12 +473,12 @@ fn validate_policy(policy: &ProbeMarkerPolicy, path: &str) -> Vec<FieldError> {
         }
         total += k.len() + v.len();
     }
-    if total > MAX_ANNOTATIONS_BYTES {
+    if total > MAX_ANNOTATION_BYTES {
         errors.push(err(
             &annotations_path,
             ErrorKind::TooLong,
             None,
-            format!("may not be more than {MAX_ANNOTATIONS_BYTES} bytes"),
+            format!("may not be more than {MAX_ANNOTATION_BYTES} bytes"),
         ));
     }
     errors
@@ -1025,23 +930,5 @@ mod tests {
         let mut ppm = ppm_demo();
         ppm.spec.probes[0].marker_policy[1].labels = labels(&[("ok", "bad value!")]);
         assert_eq!(count(&ppm), 1);
-    }
-
-    #[test]
-    fn go_url_parse_failures() {
-        for ok in [
-            "/healthz",
-            "/a%20b",
-            "/p?x=%zz",
-            "http://h/p",
-            "/a#f",
-            "a/b:c",
-            "/a:b",
-        ] {
-            assert_eq!(go_url_parse(ok), Ok(()), "{ok}");
-        }
-        for bad in ["path%notvalid", "/a%2", "/a#%zz", ":x", "1a:b", "/a\nb"] {
-            assert!(go_url_parse(bad).is_err(), "{bad}");
-        }
     }
 }

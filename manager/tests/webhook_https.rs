@@ -6,8 +6,8 @@ mod support;
 
 use std::time::Duration;
 
-use podprobe::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
 use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode, VALIDATE_PPM_PATH};
+use podprobe_protocol::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
 use serde_json::json;
 use support::*;
 use testkit::ApiServer;

@@ -169,14 +169,23 @@ fn bad_probes_are_refused_with_the_field_named() {
         "probe.httpGet.port: no port named \"web\" in the target container"
     );
     let err = one_error(r#"{"httpGet":{"port":"container-port-v2"}}"#);
-    assert!(err.to_string().contains("1-15 characters"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "probe.httpGet.port: \"container-port-v2\" must be no more than 15 characters"
+    );
     assert_eq!(
         one_error(r#"{"httpGet":{"port":80,"scheme":"FTP"}}"#),
         ProbeError::BadScheme("FTP".into())
     );
     assert_eq!(
         one_error(r#"{"httpGet":{"port":80,"path":"path%notvalid"}}"#),
-        ProbeError::BadPath("path%notvalid".into())
+        ProbeError::BadPath("path%notvalid".into(), UrlViolation::BadEscape)
+    );
+    // The check is the parser's: a control character would otherwise pass validation and then
+    // fail every attempt.
+    assert_eq!(
+        one_error(r#"{"httpGet":{"port":80,"path":"/health\u0007z"}}"#),
+        ProbeError::BadPath("/health\u{7}z".into(), UrlViolation::ControlCharacter)
     );
     assert_eq!(
         one_error(

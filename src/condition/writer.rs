@@ -18,7 +18,7 @@ use tokio::sync::{Notify, watch};
 
 use super::status_patch;
 use crate::metrics::Metrics;
-use crate::uid_guard::refused_by_uid_guard;
+use podprobe_protocol::uid_guard::refused_by_uid_guard;
 
 /// Timing of the writer.
 #[derive(Debug, Clone, Copy)]

@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use podprobe_protocol::rules::{UrlViolation, url_violation};
+
 use super::tcp::join_host_port;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,7 +84,7 @@ impl ProbeUrl {
     /// Resolves a `Location` header against this URL (Go's `URL.Parse`). Returns the new URL
     /// and whether the reference was absolute (had a scheme).
     pub fn resolve(&self, location: &str) -> Result<(ProbeUrl, bool), String> {
-        let r = parse_reference(location)?;
+        let r = parse_reference(location).map_err(|v| format!("net/url: {v}"))?;
         let absolute = r.scheme.is_some();
         let scheme = r
             .scheme
@@ -195,29 +197,31 @@ fn is_hex(b: u8) -> bool {
     b.is_ascii_hexdigit()
 }
 
-/// Go's `getScheme`: a scheme is letters then letters/digits/`+-.` up to the first `:`.
-fn split_scheme(s: &str) -> Result<(Option<&str>, &str), String> {
+/// Go's `getScheme`: a scheme is letters then letters/digits/`+-.` up to the first `:` (a
+/// leading `:` is refused before this is asked).
+fn split_scheme(s: &str) -> (Option<&str>, &str) {
     for (i, c) in s.bytes().enumerate() {
         match c {
             b'a'..=b'z' | b'A'..=b'Z' => {}
             b'0'..=b'9' | b'+' | b'-' | b'.' if i > 0 => {}
-            b':' if i == 0 => return Err("missing protocol scheme".into()),
-            b':' => return Ok((Some(&s[..i]), &s[i + 1..])),
-            _ => return Ok((None, s)),
+            b':' if i > 0 => return (Some(&s[..i]), &s[i + 1..]),
+            _ => return (None, s),
         }
     }
-    Ok((None, s))
+    (None, s)
 }
 
-fn parse_reference(raw: &str) -> Result<Reference, String> {
-    if raw.bytes().any(|b| b < 0x20 || b == 0x7f) {
-        return Err("net/url: invalid control character in URL".into());
+/// Go's `url.Parse`: refused as the protocol's rule refuses it (the same rule the manager and
+/// the sidecar's validation apply to httpGet paths), then split into its parts.
+fn parse_reference(raw: &str) -> Result<Reference, UrlViolation> {
+    if let Some(violation) = url_violation(raw) {
+        return Err(violation);
     }
     let (rest, fragment) = match raw.split_once('#') {
         Some((r, f)) => (r, Some(f.to_string())),
         None => (raw, None),
     };
-    let (scheme, rest) = split_scheme(rest)?;
+    let (scheme, rest) = split_scheme(rest);
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(escape_query(q))),
         None => (rest, None),
@@ -229,13 +233,6 @@ fn parse_reference(raw: &str) -> Result<Reference, String> {
         }
         None => (None, rest),
     };
-    if scheme.is_none() && authority.is_none() {
-        let first_segment = path.split('/').next().unwrap_or("");
-        if first_segment.contains(':') {
-            return Err("first path segment in URL cannot contain colon".into());
-        }
-    }
-    check_escapes(path)?;
     Ok(Reference {
         scheme: scheme.map(str::to_string),
         authority,
@@ -248,20 +245,6 @@ fn parse_reference(raw: &str) -> Result<Reference, String> {
 /// `%XX` with two hex digits at `i`.
 fn escape_at(b: &[u8], i: usize) -> bool {
     i + 2 < b.len() && is_hex(b[i + 1]) && is_hex(b[i + 2])
-}
-
-fn check_escapes(s: &str) -> Result<(), String> {
-    let b = s.as_bytes();
-    for (i, &c) in b.iter().enumerate() {
-        if c == b'%' && !escape_at(b, i) {
-            let end = b.len().min(i + 3);
-            return Err(format!(
-                "invalid URL escape {:?}",
-                String::from_utf8_lossy(&b[i..end])
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// Characters Go's `validEncoded(s, encodePath)` accepts verbatim.

@@ -7,7 +7,7 @@
 //! invalid: metadata.uid: Invalid value: "...": field is immutable`, not with 409 (the 409
 //! "Precondition failed: UID in precondition" belongs to DELETE options).
 
-use kube::core::Status;
+use kube_core::Status;
 
 /// Whether a refusal is the uid guard's: the pod was replaced by a same-named one (or, as some
 /// servers answer, a 409 conflict on it).
@@ -26,7 +26,7 @@ pub fn refused_by_uid_guard(status: &Status) -> bool {
 mod tests {
     use super::refused_by_uid_guard;
 
-    fn status(json: serde_json::Value) -> kube::core::Status {
+    fn status(json: serde_json::Value) -> kube_core::Status {
         serde_json::from_value(json).unwrap()
     }
 
