@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{ExecAction, GRPCAction, HTTPGetAction, Probe, T
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use podprobe_protocol::annotation::{MAX_ANNOTATION_BYTES, RESERVED_CONDITION_TYPES};
+use podprobe_protocol::annotation::{
+    MAX_ANNOTATION_BYTES, RESERVED_CONDITION_TYPES, RESERVED_PROBE_NAMES,
+};
 use podprobe_protocol::names::{is_qualified_part, qualified_name_errors};
 use podprobe_protocol::rules::{
     HEADER_NAME_RULE, is_header_name, port_name_violations, port_number_violation, url_violation,
@@ -21,16 +23,6 @@ use podprobe_protocol::state::{STATE_FAILED, STATE_SUCCEEDED};
 
 use crate::crd::{PodProbeMarker, PodProbeMarkerSpec, ProbeMarkerPolicy};
 use crate::selector;
-
-/// Probe names OpenKruise refuses (it checks the probe *name*, not the condition type).
-const RESERVED_PROBE_NAMES: &[&str] = &[
-    "PodScheduled",
-    "Initialized",
-    "Ready",
-    "ContainersReady",
-    "KruisePodReady",
-    "InPlaceUpdateReady",
-];
 
 /// Kind of a field error, as apimachinery's `field.ErrorType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

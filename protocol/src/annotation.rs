@@ -25,6 +25,10 @@ pub const RESERVED_CONDITION_TYPES: &[&str] = &[
     "DisruptionTarget",
 ];
 
+/// Probe names OpenKruise's webhook refuses: it checks the probe *name* against the first six
+/// of [`RESERVED_CONDITION_TYPES`], not the condition type.
+pub const RESERVED_PROBE_NAMES: &[&str] = RESERVED_CONDITION_TYPES.split_at(6).0;
+
 /// One element of the annotation, exactly as OpenKruise serialises `PodContainerProbe`
 /// (`markerPolicy` is stripped by the writer; it is accepted and ignored if present).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
