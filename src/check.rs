@@ -11,7 +11,9 @@ use tokio::sync::mpsc;
 use crate::annotation::{self, AnnotationError, InvalidProbe, PodContainers, ProbeSet};
 use crate::condition::ConditionBook;
 use crate::probe::{ExecConfig, ExecMode, Prober};
-use crate::runner::{Event, ProbeId, ProbeState, Runner, RunnerConfig, TimingDefaults, Transition};
+use crate::runner::{
+    ProbeId, ProbeState, Runner, RunnerConfig, TimingDefaults, Transition, WorkerReport,
+};
 
 /// How `check` prints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -237,14 +239,14 @@ pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
         loop {
             tokio::select! {
                 event = rx.recv() => match event {
-                    Some(Event::Transition(t)) => {
+                    Some(WorkerReport::Transition(t)) => {
                         book.record(&t);
                         printer.transition(&t).unwrap_or_else(io_error);
                     }
-                    Some(Event::Errored { probe, error, .. }) => {
+                    Some(WorkerReport::Errored { probe, error, .. }) => {
                         tracing::warn!(probe = %probe.name, condition = %probe.condition_type, "attempt errored, state unchanged: {error}");
                     }
-                    Some(Event::Attempted { .. }) => {}
+                    Some(WorkerReport::Attempted { .. }) => {}
                     None => break,
                 },
                 _ = tokio::signal::ctrl_c() => break,
@@ -274,7 +276,7 @@ pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
 /// `successThreshold + failureThreshold + 2` attempts without one. Results in annotation order.
 async fn run_once(
     set: &ProbeSet,
-    rx: &mut mpsc::Receiver<Event>,
+    rx: &mut mpsc::Receiver<WorkerReport>,
     defaults: TimingDefaults,
 ) -> Vec<Transition> {
     struct Pending {
@@ -301,8 +303,8 @@ async fn run_once(
     while pending.iter().any(|p| p.result.is_none()) {
         let Some(event) = rx.recv().await else { break };
         let id = match &event {
-            Event::Transition(t) => &t.probe,
-            Event::Attempted { probe, .. } | Event::Errored { probe, .. } => probe,
+            WorkerReport::Transition(t) => &t.probe,
+            WorkerReport::Attempted { probe, .. } | WorkerReport::Errored { probe, .. } => probe,
         };
         let Some(p) = pending
             .iter_mut()
@@ -311,8 +313,8 @@ async fn run_once(
             continue;
         };
         match event {
-            Event::Transition(t) => p.result = Some(t),
-            Event::Errored { error, at, .. } => {
+            WorkerReport::Transition(t) => p.result = Some(t),
+            WorkerReport::Errored { error, at, .. } => {
                 tracing::warn!(probe = %p.id.name, condition = %p.id.condition_type, "attempt errored, state unchanged: {error}");
                 p.last_error = Some(error);
                 p.attempts += 1;
@@ -327,7 +329,7 @@ async fn run_once(
             }
             // Workers report a transition before the attempt that caused it, so a probe that
             // publishes on its last budgeted attempt is already resolved here.
-            Event::Attempted { .. } => {
+            WorkerReport::Attempted { .. } => {
                 p.attempts += 1;
                 if p.attempts >= p.budget {
                     p.result = Some(Transition {

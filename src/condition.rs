@@ -19,15 +19,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::runner::{ProbeState, Transition};
 
-pub const REASON_SUCCEEDED: &str = "PodProbeSucceeded";
-pub const REASON_FAILED: &str = "PodProbeFailed";
-pub const REASON_UNKNOWN: &str = "PodProbeUnknown";
+/// The `reason` of a probe's pod condition (its Events have their own: `events::EventReason`).
+pub const CONDITION_REASON_SUCCEEDED: &str = "PodProbeSucceeded";
+pub const CONDITION_REASON_FAILED: &str = "PodProbeFailed";
+pub const CONDITION_REASON_UNKNOWN: &str = "PodProbeUnknown";
 
 pub fn reason_of(state: ProbeState) -> &'static str {
     match state {
-        ProbeState::Succeeded => REASON_SUCCEEDED,
-        ProbeState::Failed => REASON_FAILED,
-        ProbeState::Unknown => REASON_UNKNOWN,
+        ProbeState::Succeeded => CONDITION_REASON_SUCCEEDED,
+        ProbeState::Failed => CONDITION_REASON_FAILED,
+        ProbeState::Unknown => CONDITION_REASON_UNKNOWN,
     }
 }
 
@@ -228,7 +229,7 @@ mod tests {
                 message: Some("idle".into()),
                 last_transition_time: Some(Time(ts(-100))),
                 last_probe_time: Some(Time(ts(-100))),
-                reason: Some(REASON_SUCCEEDED.into()),
+                reason: Some(CONDITION_REASON_SUCCEEDED.into()),
                 ..Default::default()
             },
         ];

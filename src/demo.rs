@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::check::{self, OutputFormat, Printer};
 use crate::condition::ConditionBook;
 use crate::probe::Prober;
-use crate::runner::{Event, Runner, RunnerConfig};
+use crate::runner::{Runner, RunnerConfig, WorkerReport};
 
 /// The example pod the demo runs (also usable with `podprobe check`).
 pub const EXAMPLE_POD: &str = include_str!("../examples/game-server-pod.yaml");
@@ -172,7 +172,7 @@ pub async fn run(format: OutputFormat) -> Result<ExitCode, DemoError> {
     loop {
         tokio::select! {
             Some(event) = rx.recv() => {
-                if let Event::Transition(t) = event {
+                if let WorkerReport::Transition(t) = event {
                     book.record(&t);
                     let _ = printer.transition(&t);
                 }

@@ -13,10 +13,29 @@ use tokio::time::Instant;
 
 use crate::runner::{ProbeState, Transition};
 
-pub const REASON_SUCCEEDED: &str = "KruiseProbeSucceeded";
-pub const REASON_FAILED: &str = "KruiseProbeFailed";
-pub const REASON_INVALID: &str = "PodProbeInvalid";
-pub const REASON_ERROR: &str = "PodProbeError";
+/// The `reason` of an Event (not of a condition: those are `condition::reason_of`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventReason {
+    /// A probe's state became Succeeded (kruise-daemon's reason).
+    ProbeSucceeded,
+    /// A probe's state became Failed (kruise-daemon's reason).
+    ProbeFailed,
+    /// A probe of the annotation was refused by validation.
+    ProbeInvalid,
+    /// An attempt could not run.
+    ProbeError,
+}
+
+impl EventReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventReason::ProbeSucceeded => "KruiseProbeSucceeded",
+            EventReason::ProbeFailed => "KruiseProbeFailed",
+            EventReason::ProbeInvalid => "PodProbeInvalid",
+            EventReason::ProbeError => "PodProbeError",
+        }
+    }
+}
 
 /// A warning with the same key is emitted at most once per this interval.
 pub const WARNING_INTERVAL: Duration = Duration::from_secs(600);
@@ -38,18 +57,13 @@ impl std::fmt::Debug for EventSink {
 }
 
 impl EventSink {
-    pub fn new(client: Option<Client>, pod: ObjectReference, instance: Option<String>) -> Self {
-        let recorder = client.map(|client| {
-            Recorder::new(
-                client,
-                Reporter {
-                    controller: "podprobe".into(),
-                    instance,
-                },
-            )
-        });
+    pub fn new(client: Client, pod: ObjectReference, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: "podprobe".into(),
+            instance,
+        };
         EventSink {
-            recorder,
+            recorder: Some(Recorder::new(client, reporter)),
             pod,
             last_warning: HashMap::new(),
         }
@@ -71,8 +85,8 @@ impl EventSink {
     /// A state transition. `Unknown` (container restarted) emits nothing: it is not a result.
     pub fn transition(&mut self, t: &Transition) {
         let reason = match t.state {
-            ProbeState::Succeeded => REASON_SUCCEEDED,
-            ProbeState::Failed => REASON_FAILED,
+            ProbeState::Succeeded => EventReason::ProbeSucceeded,
+            ProbeState::Failed => EventReason::ProbeFailed,
             ProbeState::Unknown => return,
         };
         let note = format!(
@@ -87,7 +101,7 @@ impl EventSink {
         if self.allow(format!("invalid/{description}")) {
             self.publish(
                 EventType::Warning,
-                REASON_INVALID,
+                EventReason::ProbeInvalid,
                 "Validate",
                 description.to_owned(),
             );
@@ -98,7 +112,7 @@ impl EventSink {
     pub fn errored(&mut self, condition_type: &str, probe: &str, error: &str) {
         if self.allow(format!("error/{condition_type}")) {
             let note = format!("probe {probe} ({condition_type}) could not run: {error}");
-            self.publish(EventType::Warning, REASON_ERROR, "Probe", note);
+            self.publish(EventType::Warning, EventReason::ProbeError, "Probe", note);
         }
     }
 
@@ -113,7 +127,7 @@ impl EventSink {
         }
     }
 
-    fn publish(&self, type_: EventType, reason: &str, action: &str, note: String) {
+    fn publish(&self, type_: EventType, reason: EventReason, action: &str, note: String) {
         let Some(recorder) = self.recorder.clone() else {
             return;
         };
@@ -122,7 +136,7 @@ impl EventSink {
         let note = crate::probe::truncate_message(note);
         let event = Event {
             type_,
-            reason: reason.to_owned(),
+            reason: reason.as_str().to_owned(),
             note: Some(note),
             action: action.to_owned(),
             secondary: None,

@@ -3,7 +3,8 @@
 //! One tokio task per probe, mirroring kruise-daemon's worker (so one PodProbeMarker behaves the
 //! same on normal and serverless nodes): start jitter, initial delay from the container's start,
 //! a fixed period that skips (never queues) missed ticks, consecutive-result thresholds, errored
-//! attempts that change nothing. Workers report [`Event`]s; what to write is `condition`'s job.
+//! attempts that change nothing. Workers report [`WorkerReport`]s; what to write is
+//! `condition`'s job.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -194,7 +195,7 @@ pub struct Transition {
 
 /// What workers report.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Event {
+pub enum WorkerReport {
     /// The published result changed.
     Transition(Transition),
     /// An attempt ran (for metrics and `check --once` accounting).
@@ -241,7 +242,7 @@ struct Worker<A> {
     target: Target,
     prober: A,
     container: watch::Receiver<ContainerView>,
-    events: mpsc::Sender<Event>,
+    events: mpsc::Sender<WorkerReport>,
     config: Arc<RunnerConfig>,
 }
 
@@ -329,7 +330,7 @@ impl<A: Attempter> Worker<A> {
                 if let Some(published) = state.streak.observe(outcome, &self.timing) {
                     self.publish(state, published, message, at).await;
                 }
-                self.send(Event::Attempted {
+                self.send(WorkerReport::Attempted {
                     probe: self.id.clone(),
                     outcome,
                     duration,
@@ -343,7 +344,7 @@ impl<A: Attempter> Worker<A> {
                     %error,
                     "probe attempt errored; state unchanged"
                 );
-                self.send(Event::Errored {
+                self.send(WorkerReport::Errored {
                     probe: self.id.clone(),
                     error: error.to_string(),
                     at,
@@ -397,7 +398,7 @@ impl<A: Attempter> Worker<A> {
             return;
         }
         worker.published = Some((state, message.clone()));
-        self.send(Event::Transition(Transition {
+        self.send(WorkerReport::Transition(Transition {
             probe: self.id.clone(),
             state,
             message,
@@ -406,7 +407,7 @@ impl<A: Attempter> Worker<A> {
         .await;
     }
 
-    async fn send(&self, event: Event) {
+    async fn send(&self, event: WorkerReport) {
         // A closed channel means the runner is shutting down; the worker is about to be aborted.
         let _ = self.events.send(event).await;
     }
@@ -428,7 +429,7 @@ impl Drop for Running {
 pub struct Runner<A = Prober> {
     prober: A,
     config: Arc<RunnerConfig>,
-    events: mpsc::Sender<Event>,
+    events: mpsc::Sender<WorkerReport>,
     workers: HashMap<String, Running>,
     containers: HashMap<String, watch::Sender<ContainerView>>,
 }
@@ -451,7 +452,7 @@ pub struct Applied {
 }
 
 impl<A: Attempter> Runner<A> {
-    pub fn new(prober: A, config: RunnerConfig, events: mpsc::Sender<Event>) -> Self {
+    pub fn new(prober: A, config: RunnerConfig, events: mpsc::Sender<WorkerReport>) -> Self {
         Runner {
             prober,
             config: Arc::new(config),

@@ -17,7 +17,7 @@ use crate::events::EventSink;
 use crate::metrics::Metrics;
 use crate::pod::{self, PodIdentity, PodView, SourceKind};
 use crate::probe::{ApiExec, ExecConfig, ExecMode, Prober};
-use crate::runner::{Event, ProbeId, Runner, RunnerConfig, TimingDefaults};
+use crate::runner::{ProbeId, Runner, RunnerConfig, TimingDefaults, WorkerReport};
 
 /// Everything `run` is configured with.
 #[derive(Debug, Clone)]
@@ -127,7 +127,7 @@ pub async fn run(
     };
     let mut events = if options.events {
         EventSink::new(
-            Some(client.clone()),
+            client.clone(),
             reference,
             Some(options.identity.name.clone()),
         )
@@ -234,7 +234,7 @@ impl Sidecar {
     async fn on_view(
         &mut self,
         view: &PodView,
-        event_tx: &mpsc::Sender<Event>,
+        event_tx: &mpsc::Sender<WorkerReport>,
         events: &mut EventSink,
     ) {
         if self.stopped {
@@ -358,12 +358,12 @@ impl Sidecar {
         }
     }
 
-    fn on_event(&mut self, event: Event, events: &mut EventSink) {
+    fn on_event(&mut self, event: WorkerReport, events: &mut EventSink) {
         if self.stopped {
             return;
         }
         match event {
-            Event::Transition(t) => {
+            WorkerReport::Transition(t) => {
                 self.metrics.state(&t.probe, t.state);
                 tracing::info!(
                     probe = %t.probe.name,
@@ -377,7 +377,7 @@ impl Sidecar {
                     self.writer.submit(condition);
                 }
             }
-            Event::Attempted {
+            WorkerReport::Attempted {
                 probe,
                 outcome,
                 duration,
@@ -388,7 +388,7 @@ impl Sidecar {
                 };
                 self.metrics.attempt(&probe, result, Some(duration));
             }
-            Event::Errored { probe, error, .. } => {
+            WorkerReport::Errored { probe, error, .. } => {
                 self.metrics.attempt(&probe, "errored", None);
                 tracing::warn!(probe = %probe.name, condition = %probe.condition_type, "probe attempt errored, state unchanged: {error}");
                 events.errored(&probe.condition_type, &probe.name, &error);

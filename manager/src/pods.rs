@@ -95,14 +95,13 @@ pub fn parse_selector(s: &str) -> Result<LabelSelector, String> {
 
 use podprobe_protocol::pod::is_active;
 
-/// The pod runs the podprobe sidecar.
+/// The pod runs the podprobe sidecar: a container (or native sidecar) named as the webhook
+/// injects it. By name only: an image name says nothing about what a container runs.
 pub fn runs_sidecar(pod: &Pod, sidecar_name: &str) -> bool {
     let Some(spec) = &pod.spec else {
         return false;
     };
-    let ours = |c: &k8s_openapi::api::core::v1::Container| {
-        c.name == sidecar_name || c.image.as_deref().is_some_and(|i| i.contains("podprobe"))
-    };
+    let ours = |c: &k8s_openapi::api::core::v1::Container| c.name == sidecar_name;
     spec.containers.iter().any(ours)
         || spec
             .init_containers
@@ -832,11 +831,19 @@ mod tests {
         assert_eq!(desired_patch(&p, &[ppm()], None, &scope), None);
         let marked = desired_patch(&p, &[ppm()], Some(&vk()), &scope).unwrap();
         assert_eq!(marked.metadata.labels["server-healthy"], set("true"));
-        let mut with_sidecar = p.clone();
-        with_sidecar.spec.as_mut().unwrap().containers.push(
-            serde_json::from_value(json!({"name": "podprobe", "image": "podprobe:1"})).unwrap(),
-        );
+        let with = |container: serde_json::Value| {
+            let mut p = p.clone();
+            let container = serde_json::from_value(container).unwrap();
+            p.spec.as_mut().unwrap().containers.push(container);
+            p
+        };
+        let with_sidecar = with(json!({"name": "podprobe", "image": "registry.example/pp:1"}));
         assert!(desired_patch(&with_sidecar, &[ppm()], Some(&plain), &scope).is_some());
+        let lookalike = with(json!({"name": "tools", "image": "podprobe:1"}));
+        assert_eq!(
+            desired_patch(&lookalike, &[ppm()], Some(&plain), &scope),
+            None
+        );
     }
 
     #[test]

@@ -91,17 +91,20 @@ fn no_jitter() -> RunnerConfig {
     }
 }
 
-async fn next_transition(rx: &mut mpsc::Receiver<Event>) -> Transition {
+async fn next_transition(rx: &mut mpsc::Receiver<WorkerReport>) -> Transition {
     loop {
         match rx.recv().await.expect("runner dropped the channel") {
-            Event::Transition(t) => return t,
+            WorkerReport::Transition(t) => return t,
             _ => continue,
         }
     }
 }
 
 /// Waits `within` simulated time; returns the transition if one came.
-async fn transition_within(rx: &mut mpsc::Receiver<Event>, within: Duration) -> Option<Transition> {
+async fn transition_within(
+    rx: &mut mpsc::Receiver<WorkerReport>,
+    within: Duration,
+) -> Option<Transition> {
     tokio::time::timeout(within, next_transition(rx)).await.ok()
 }
 
@@ -265,12 +268,12 @@ async fn thresholds_and_errored_attempts() {
     let mut errored = 0;
     while seen.len() < 3 {
         match rx.recv().await.unwrap() {
-            Event::Transition(t) => seen.push((t.state, t.message, script.attempts().len())),
-            Event::Errored { error, .. } => {
+            WorkerReport::Transition(t) => seen.push((t.state, t.message, script.attempts().len())),
+            WorkerReport::Errored { error, .. } => {
                 errored += 1;
                 assert!(!error.is_empty());
             }
-            Event::Attempted { .. } => {}
+            WorkerReport::Attempted { .. } => {}
         }
     }
     assert_eq!(errored, 2);
