@@ -1,0 +1,128 @@
+//! The memory of marker patches sent, so that a stale cached pod never repeats one.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher::Event;
+use tokio::sync::mpsc;
+
+use crate::markers::MarkerPatch;
+
+/// Marker patches sent whose result the pod cache has not shown yet.
+///
+/// Reconciles read the pod from the cache, and not only the pod's own watch events trigger them
+/// (PPM announcements, node label changes): such a reconcile can start after a patch of the pod
+/// returned but before the watch delivered the patched version, and would send the same patch
+/// again from the same stale pod (one extra write per pod per stale trigger). So per pod this
+/// keeps the last patch sent and the resourceVersion the server answered with, until the watch
+/// delivers that version (or the pod goes, or the watch relists). Meanwhile the cached pod is
+/// older than the server's and nothing is sent: when the stale view wanted the same patch
+/// nothing is lost (the server has it already); when it wanted something else, the pod is
+/// reconciled again once the cache has caught up.
+#[derive(Debug, Default)]
+pub struct WrittenPatches {
+    pending: Mutex<HashMap<ObjectRef<Pod>, Written>>,
+}
+
+#[derive(Debug)]
+struct Written {
+    patch: MarkerPatch,
+    /// The pod's resourceVersion after the patch, as the server answered.
+    resource_version: String,
+    /// A reconcile wanted something else meanwhile: run again once the cache has the write.
+    recheck: bool,
+}
+
+impl WrittenPatches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Pod>, Written>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `patch` of `pod` was answered with `resource_version`.
+    pub fn record(
+        &self,
+        pod: ObjectRef<Pod>,
+        patch: MarkerPatch,
+        resource_version: Option<String>,
+    ) {
+        // Without a version there is no telling when the cache has the write.
+        if let Some(resource_version) = resource_version {
+            self.lock().insert(
+                pod,
+                Written {
+                    patch,
+                    resource_version,
+                    recheck: false,
+                },
+            );
+        }
+    }
+
+    /// The cached `pod` predates the last patch sent for it: send nothing now. `wanted` is what
+    /// this stale view asks for; when it differs from that patch, the pod is reconciled again
+    /// once the cache has the write.
+    pub fn is_stale(
+        &self,
+        pod_ref: &ObjectRef<Pod>,
+        pod: &Pod,
+        wanted: Option<&MarkerPatch>,
+    ) -> bool {
+        let mut pending = self.lock();
+        let Some(w) = pending.get_mut(pod_ref) else {
+            return false;
+        };
+        if pod.metadata.resource_version.as_ref() == Some(&w.resource_version) {
+            // The cache has the write (a patch that changed nothing has no watch event).
+            pending.remove(pod_ref);
+            return false;
+        }
+        if wanted != Some(&w.patch) {
+            w.recheck = true;
+        }
+        true
+    }
+
+    /// Follow the pod watch (after the cache applied `event`); pods to reconcile again go to
+    /// `recheck`.
+    pub fn observe(&self, event: &Event<Pod>, recheck: &mpsc::UnboundedSender<ObjectRef<Pod>>) {
+        let mut pending = self.lock();
+        if pending.is_empty() {
+            return;
+        }
+        match event {
+            Event::Apply(pod) => {
+                let pod_ref = ObjectRef::from_obj(pod);
+                let caught_up = pending.get(&pod_ref).is_some_and(|w| {
+                    pod.metadata.resource_version.as_ref() == Some(&w.resource_version)
+                });
+                if caught_up && pending.remove(&pod_ref).is_some_and(|w| w.recheck) {
+                    let _ = recheck.send(pod_ref);
+                }
+            }
+            Event::Delete(pod) => {
+                pending.remove(&ObjectRef::from_obj(pod));
+            }
+            // A relist replaces the cache with a list newer than any write that had returned
+            // when it started.
+            Event::InitDone => {
+                for (pod_ref, w) in pending.drain() {
+                    if w.recheck {
+                        let _ = recheck.send(pod_ref);
+                    }
+                }
+            }
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+
+    /// Pods with a write not yet seen in the cache.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
