@@ -48,6 +48,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use crate::error::ApiError;
+use crate::response::{Body, empty};
+use crate::store::Store;
 
 /// `v5.channel.k8s.io`: v4 plus the CLOSE signal (channel 255).
 pub const V5: &str = "v5.channel.k8s.io";
@@ -364,18 +366,19 @@ pub(crate) struct Incoming<'a> {
 /// Checks done before the upgrade; on success returns the 101 response and
 /// starts the session on the upgraded connection.
 pub(crate) fn handle(
-    shared: &Arc<crate::server::Shared>,
+    store: &Store,
+    exec: &ExecState,
     ns: &str,
     name: &str,
     req: Incoming<'_>,
     drop_after: Option<u64>,
     stop: watch::Receiver<bool>,
-) -> Result<Response<crate::server::Body>, ApiError> {
+) -> Result<Response<Body>, ApiError> {
     if !matches!(*req.method, Method::GET | Method::POST) {
         return Err(ApiError::method_not_allowed());
     }
     let r = crate::resources::find("", "v1", "pods").ok_or_else(ApiError::no_route)?;
-    let pod = shared.store.get(r, ns, name)?;
+    let pod = store.get(r, ns, name)?;
     let mut params: HashMap<String, Vec<String>> = HashMap::new();
     for (k, v) in form_urlencoded::parse(req.query.as_bytes()).into_owned() {
         params.entry(k).or_default().push(v);
@@ -405,9 +408,9 @@ pub(crate) fn handle(
         .get(header::SEC_WEBSOCKET_KEY)
         .map(|k| k.as_bytes().to_vec())
         .ok_or_else(|| ApiError::bad_request("missing Sec-WebSocket-Key"))?;
-    let Some(protocol) = negotiate(&offered_protocols(req.headers), shared.exec.v5()) else {
+    let Some(protocol) = negotiate(&offered_protocols(req.headers), exec.v5()) else {
         // x/net/websocket's answer to a failed handshake: 403, no body.
-        let mut resp = Response::new(crate::server::empty());
+        let mut resp = Response::new(empty());
         *resp.status_mut() = StatusCode::FORBIDDEN;
         return Ok(resp);
     };
@@ -426,14 +429,14 @@ pub(crate) fn handle(
         protocol: protocol.to_string(),
         user: req.user,
     };
-    shared.exec.record(request.clone());
-    let runner = shared.exec.runner();
+    exec.record(request.clone());
+    let runner = exec.runner();
     tokio::spawn(async move {
         let Ok(upgraded) = upgrade.await else { return };
         let ws = WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, None).await;
         session(ws, request, runner, drop_after, stop).await;
     });
-    let mut resp = Response::new(crate::server::empty());
+    let mut resp = Response::new(empty());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = resp.headers_mut();
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));

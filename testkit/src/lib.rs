@@ -30,6 +30,7 @@ pub mod openapi;
 pub mod patch;
 pub mod real;
 pub mod resources;
+mod response;
 pub mod selectors;
 mod server;
 pub mod store;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
+use http::{HeaderValue, Method, Request, Response, header};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -26,11 +26,10 @@ use crate::journal::{Entry, Journal};
 use crate::openapi;
 use crate::patch::{self, PatchType};
 use crate::resources::{self, ResourceDef};
+use crate::response::{Body, error_response, full, json_response};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{DeleteOpts, Endpoint, EventType, Store};
 use crate::table;
-
-pub(crate) type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// Everything the server shares with the handle; survives restarts.
 #[derive(Debug)]
@@ -79,33 +78,6 @@ pub(crate) async fn serve(
             }
         });
     }
-}
-
-pub(crate) fn empty() -> Body {
-    full(Bytes::new())
-}
-
-fn full(b: impl Into<Bytes>) -> Body {
-    Full::new(b.into()).boxed_unsync()
-}
-
-fn json_response(code: u16, v: &Value) -> Response<Body> {
-    let mut r = Response::new(full(serde_json::to_vec(v).unwrap_or_default()));
-    *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-fn error_response(e: &ApiError) -> Response<Body> {
-    let mut r = json_response(e.code, &e.to_status());
-    if let Some(s) = e.retry_after {
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(s));
-    }
-    r
 }
 
 /// Parsed query parameters (last value wins).
@@ -284,7 +256,15 @@ fn exec_request(
         upgrade: parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
         user: user.name.clone(),
     };
-    exec::handle(shared, ns, name, incoming, drop_after, stop)
+    exec::handle(
+        &shared.store,
+        &shared.exec,
+        ns,
+        name,
+        incoming,
+        drop_after,
+        stop,
+    )
 }
 
 /// `/testkit/journal` (GET: JSON lines; DELETE: clear), `/testkit/faults`
