@@ -14,7 +14,7 @@ RUN rustup target add x86_64-unknown-linux-musl \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --profile sidecar --locked --target x86_64-unknown-linux-musl -p podprobe --bin podprobe \
+RUN cargo build --profile sidecar --locked --no-default-features --target x86_64-unknown-linux-musl -p podprobe --bin podprobe \
  && cp target/x86_64-unknown-linux-musl/sidecar/podprobe /podprobe
 
 FROM ${BASE}

@@ -7,11 +7,13 @@
 //! - [`condition`]: transitions to pod conditions and the status patch;
 //! - [`pod`]: the sidecar's view of its pod (apiserver watch or downward-API file);
 //! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
-//! - [`sidecar`], [`check`], [`demo`]: the `run`, `check` and `demo` commands.
+//! - [`sidecar`], [`check`], `demo`: the `run`, `check` and `demo` commands (`demo` with the
+//!   default feature `demo` only; the shipped sidecar leaves it out).
 
 pub mod annotation;
 pub mod check;
 pub mod condition;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod events;
 pub mod metrics;

@@ -84,6 +84,7 @@ enum Command {
 
     /// Watch real probes flip: start local target servers, run the example game-server pod's
     /// probes against them, and take targets down and back up. Needs no cluster.
+    #[cfg(feature = "demo")]
     Demo {
         /// Output format.
         #[arg(long, short, value_enum, default_value_t = OutputFormat::Text)]
@@ -255,6 +256,7 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            #[cfg(feature = "demo")]
             Command::Demo { output } => podprobe::demo::run(output).await.unwrap_or_else(|e| {
                 eprintln!("podprobe demo: {e}");
                 ExitCode::FAILURE

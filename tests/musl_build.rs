@@ -47,7 +47,15 @@ fn the_sidecar_builds_as_a_static_musl_binary() {
     let status = Command::new(cargo)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args([
-            "build", "--locked", "--target", TARGET, "-p", "podprobe", "--bin", "podprobe",
+            "build",
+            "--locked",
+            "--no-default-features", // as sidecar.Dockerfile ships it
+            "--target",
+            TARGET,
+            "-p",
+            "podprobe",
+            "--bin",
+            "podprobe",
         ])
         .env("CARGO_TARGET_DIR", &target_dir)
         .status()
@@ -66,6 +74,13 @@ fn the_sidecar_builds_as_a_static_musl_binary() {
         .expect("run the musl binary");
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("podprobe "));
+    // The shipped build carries no demo servers.
+    let demo = Command::new(&binary).arg("demo").output().unwrap();
+    assert_eq!(
+        demo.status.code(),
+        Some(2),
+        "`podprobe demo` must be unknown"
+    );
 }
 
 #[test]
