@@ -1,14 +1,10 @@
 //! Prometheus metrics and the small HTTP endpoint serving `/metrics`, `/healthz` and `/readyz`.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use podprobe_ops::endpoints::Endpoints;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -16,6 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 use crate::runner::{ProbeId, ProbeState};
 
@@ -181,44 +178,35 @@ impl Metrics {
         out
     }
 
-    fn respond(&self, path: &str) -> Response<Full<Bytes>> {
-        let (status, body) = match path {
-            "/metrics" => (StatusCode::OK, self.encode()),
-            "/healthz" => (StatusCode::OK, "ok\n".to_owned()),
-            "/readyz" if self.inner.ready.load(Ordering::Relaxed) => {
-                (StatusCode::OK, "ok\n".to_owned())
-            }
-            "/readyz" => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "no probe set yet\n".to_owned(),
-            ),
-            _ => (StatusCode::NOT_FOUND, "not found\n".to_owned()),
-        };
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        response
-    }
-
-    /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until the task is dropped.
-    pub async fn serve(self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    /// Serves `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown`.
+    pub async fn serve(
+        self,
+        addr: SocketAddr,
+        shutdown: CancellationToken,
+    ) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let metrics = self.clone();
-                let service =
-                    hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                        let response = metrics.respond(req.uri().path());
-                        async move { Ok::<_, Infallible>(response) }
-                    });
-                tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        tokio::spawn(podprobe_ops::endpoints::serve(
+            listener,
+            Arc::new(self),
+            shutdown,
+        ));
         Ok(local)
+    }
+}
+
+/// Ready once the first probe set is running.
+impl Endpoints for Metrics {
+    fn metrics(&self) -> String {
+        self.encode()
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        if self.inner.ready.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err("no probe set yet".into())
+        }
     }
 }
 
@@ -268,7 +256,7 @@ mod tests {
         let m = Metrics::new();
         let addr = m
             .clone()
-            .serve("127.0.0.1:0".parse().unwrap())
+            .serve("127.0.0.1:0".parse().unwrap(), CancellationToken::new())
             .await
             .unwrap();
         let get = |path: &'static str| async move {
@@ -293,5 +281,11 @@ mod tests {
                 .contains("podprobe_status_writes_total 0")
         );
         assert!(get("/nope").await.starts_with("HTTP/1.1 404"));
+        // What Prometheus needs to parse the exposition as OpenMetrics.
+        assert!(
+            get("/metrics")
+                .await
+                .contains("content-type: application/openmetrics-text; version=1.0.0"),
+        );
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::annotation::{self, PodContainers};
 use crate::condition::writer::{ConditionWriter, WriterConfig};
@@ -58,10 +59,13 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), SidecarError> {
     let metrics = Metrics::new();
+    // The endpoints stop when `run` returns, however it returns.
+    let endpoints_stop = CancellationToken::new();
+    let _stop_endpoints_on_return = endpoints_stop.clone().drop_guard();
     if let Some(addr) = options.metrics_addr {
         let local = metrics
             .clone()
-            .serve(addr)
+            .serve(addr, endpoints_stop.clone())
             .await
             .map_err(|source| SidecarError::Metrics { addr, source })?;
         tracing::info!("serving /metrics, /healthz and /readyz on {local}");

@@ -34,7 +34,6 @@ pub mod patch;
 pub mod pods;
 pub mod run;
 pub mod selector;
-mod serve;
 pub mod status;
 pub mod tls;
 pub mod validate;

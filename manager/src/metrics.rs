@@ -1,13 +1,9 @@
 //! Prometheus metrics and the plain-HTTP `/metrics`, `/healthz`, `/readyz` endpoints.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use podprobe_ops::endpoints::Endpoints;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -164,56 +160,35 @@ impl Readiness {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    r
+/// What the manager answers on `/metrics`, `/healthz` and `/readyz` (ready once the caches the
+/// webhooks read have synced).
+#[derive(Debug)]
+pub struct ManagerEndpoints {
+    pub metrics: Arc<Metrics>,
+    pub readiness: Arc<Readiness>,
 }
 
-/// Serve `/metrics`, `/healthz` (always ok while the process runs) and `/readyz` (ok once the
-/// caches the webhooks read have synced) until `shutdown`.
+impl Endpoints for ManagerEndpoints {
+    fn metrics(&self) -> String {
+        self.metrics.encode()
+    }
+
+    fn readiness(&self) -> Result<(), String> {
+        if self.readiness.get() {
+            Ok(())
+        } else {
+            Err("caches not synced".into())
+        }
+    }
+}
+
+/// Serves the manager's endpoints on `listener` until `shutdown`.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!("metrics listener: {e}");
-                    continue;
-                }
-            },
-        };
-        let metrics = metrics.clone();
-        let readiness = readiness.clone();
-        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-            let response = match (req.method(), req.uri().path()) {
-                (&Method::GET, "/metrics") => {
-                    let mut r = text(StatusCode::OK, metrics.encode());
-                    r.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static(
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        ),
-                    );
-                    r
-                }
-                (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n".into()),
-                (&Method::GET, "/readyz") if readiness.get() => text(StatusCode::OK, "ok\n".into()),
-                (&Method::GET, "/readyz") => text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "caches not synced\n".into(),
-                ),
-                _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
-            };
-            async move { Ok::<_, Infallible>(response) }
-        });
-        let shutdown = shutdown.clone();
-        tokio::spawn(crate::serve::connection(stream, service, shutdown));
-    }
+    let endpoints = Arc::new(ManagerEndpoints { metrics, readiness });
+    podprobe_ops::endpoints::serve(listener, endpoints, shutdown).await;
 }

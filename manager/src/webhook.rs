@@ -325,7 +325,7 @@ pub async fn serve(
                 let hooks = hooks.clone();
                 async move { Ok::<_, Infallible>(route(hooks, req).await) }
             });
-            crate::serve::connection(tls, service, shutdown).await;
+            podprobe_ops::connection::serve(tls, service, shutdown).await;
         });
     }
 }

@@ -1,6 +1,5 @@
-//! One HTTP/1 connection served until it ends or the manager shuts down (then gracefully:
-//! in-flight requests finish, keep-alive connections close). Shared by the webhook and the
-//! metrics servers.
+//! One HTTP/1 connection served until it ends or the process shuts down (then gracefully:
+//! in-flight requests finish, keep-alive connections close).
 
 use hyper::body::{Body, Incoming};
 use hyper::service::HttpService;
@@ -10,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-pub(crate) async fn connection<I, S>(io: I, service: S, shutdown: CancellationToken)
+/// Serves `io` with `service` until the connection ends, or `shutdown` (then gracefully).
+pub async fn serve<I, S>(io: I, service: S, shutdown: CancellationToken)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: HttpService<Incoming>,

@@ -1,0 +1,9 @@
+//! What the sidecar and the manager serve to operators, one implementation for both:
+//!
+//! - [`endpoints`]: `/metrics` (OpenMetrics text), `/healthz` and `/readyz` on a plain HTTP
+//!   listener that outlives accept errors and shuts down gracefully;
+//! - [`connection`]: one HTTP/1 connection served until it ends or shutdown (the manager's
+//!   webhooks use it too).
+
+pub mod connection;
+pub mod endpoints;
