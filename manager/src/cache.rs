@@ -8,7 +8,6 @@
 //! on them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::{StreamExt, TryStreamExt};
@@ -18,7 +17,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::Lookup};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::crd::PodProbeMarker;
@@ -36,7 +35,7 @@ pub enum PpmChange {
 #[derive(Debug)]
 pub struct PpmCache {
     by_namespace: RwLock<HashMap<String, Arc<Vec<PodProbeMarker>>>>,
-    synced: AtomicBool,
+    synced: watch::Sender<bool>,
     changes: broadcast::Sender<PpmChange>,
 }
 
@@ -44,7 +43,7 @@ impl Default for PpmCache {
     fn default() -> Self {
         Self {
             by_namespace: RwLock::default(),
-            synced: AtomicBool::new(false),
+            synced: watch::Sender::new(false),
             changes: broadcast::channel(4096).0,
         }
     }
@@ -61,9 +60,11 @@ impl PpmCache {
             .unwrap_or_default()
     }
 
-    /// The first full list has been applied.
-    pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
+    /// Resolves once the first full list has been applied.
+    pub async fn wait_synced(&self) {
+        let mut synced = self.synced.subscribe();
+        // The sender lives as long as `self`, so the wait ends only by the list.
+        let _ = synced.wait_for(|s| *s).await;
     }
 
     /// Announcements of applied changes, from now on.
@@ -103,7 +104,7 @@ impl PpmCache {
             v.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             index.insert(ns, Arc::new(v));
         }
-        self.synced.store(true, Ordering::Release);
+        self.synced.send_replace(true);
     }
 
     /// Watch every PodProbeMarker of the cluster into the index until `shutdown`.
@@ -159,7 +160,7 @@ impl PpmCache {
                                 .filter_map(|p| p.metadata.namespace.clone()),
                         );
                         cache.rebuild(&store, &namespaces);
-                        cache.synced.store(true, Ordering::Release);
+                        cache.synced.send_replace(true);
                         let _ = cache.changes.send(PpmChange::All);
                     }
                     Event::Init | Event::InitApply(_) => {}

@@ -220,9 +220,7 @@ impl Manager {
                     if let Some(ns) = &namespaces {
                         let _ = ns.wait_until_ready().await;
                     }
-                    while !ppms.is_synced() {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
+                    ppms.wait_synced().await;
                 };
                 tokio::select! {
                     _ = shutdown.cancelled() => {}

@@ -201,11 +201,9 @@ pub async fn run(
 ) {
     // Before the PPM cache has its first list every pod looks unmatched and would lose its
     // two annotations (put back once the list arrives: two writes per pod for nothing).
-    while !ctx.ppms.is_synced() {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(20)) => {}
-        }
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = ctx.ppms.wait_synced() => {}
     }
     let by_node = Arc::new(PodsByNode::default());
     let (recheck_tx, recheck_rx) = mpsc::unbounded_channel();
