@@ -16,7 +16,7 @@ use crate::runner::{
 };
 
 /// How `check` prints.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum OutputFormat {
     /// One aligned line per transition, then the conditions.
     #[default]

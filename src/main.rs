@@ -6,10 +6,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use podprobe::check::{self, CheckOptions, OutputFormat};
-use podprobe::pod::{PodIdentity, SourceKind};
-use podprobe::probe::ExecMode;
-use podprobe::runner::TimingDefaults;
+
+mod args;
+use args::{Exec, Output, Source, Timing};
+use podprobe::check::{self, CheckOptions};
+use podprobe::pod::PodIdentity;
 use podprobe::sidecar::{self, SidecarOptions};
 
 /// Runs OpenKruise PodProbeMarker probes (the kruise.io/podprobe annotation) from inside a pod
@@ -59,8 +60,8 @@ enum Command {
         once: bool,
 
         /// Output format: `text`, or `json` (one object per transition, then the conditions).
-        #[arg(long, short, value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
 
         /// Address network probes (tcpSocket, httpGet, grpc) aim at.
         #[arg(long, default_value = "127.0.0.1")]
@@ -68,8 +69,8 @@ enum Command {
 
         /// Defaults for unset timing fields: `kruise` (kruise-daemon minimums: 1 s period,
         /// 1 s delay, thresholds 1) or `kubernetes` (kubelet: 10 s period, threshold 3, ...).
-        #[arg(long, value_enum, default_value_t = TimingDefaults::Kruise)]
-        timing_defaults: TimingDefaults,
+        #[arg(long, value_enum, default_value_t = Timing::Kruise)]
+        timing_defaults: Timing,
 
         /// User-Agent of HTTP probes (kubelet sends kube-probe/<major>.<minor>).
         #[arg(long, default_value = podprobe::probe::http::DEFAULT_USER_AGENT)]
@@ -78,8 +79,8 @@ enum Command {
         /// Where exec probes run: `local` (this machine), `procfs` (chrooted into another
         /// process' root; see `podprobe run --help`) or `auto` (procfs, else local). `api` needs
         /// a pod and is unavailable here.
-        #[arg(long, value_enum, default_value_t = ExecMode::Local)]
-        exec_mode: ExecMode,
+        #[arg(long, value_enum, default_value_t = Exec::Local)]
+        exec_mode: Exec,
     },
 
     /// Watch real probes flip: start local target servers, run the example game-server pod's
@@ -87,8 +88,8 @@ enum Command {
     #[cfg(feature = "demo")]
     Demo {
         /// Output format.
-        #[arg(long, short, value_enum, default_value_t = OutputFormat::Text)]
-        output: OutputFormat,
+        #[arg(long, short, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
 
     /// Print the version.
@@ -118,8 +119,8 @@ struct RunArgs {
     /// Where the probes come from: `api` (a watch on this pod; also gives container statuses),
     /// `file` (the downward-API annotations file), or `auto` (api when the pod can be read, else
     /// file; the first log line says which and why).
-    #[arg(long, value_enum, default_value_t = SourceKind::Auto, env = "PODPROBE_SOURCE")]
-    source: SourceKind,
+    #[arg(long, value_enum, default_value_t = Source::Auto, env = "PODPROBE_SOURCE")]
+    source: Source,
 
     /// The downward-API annotations file (kubelet's key="value" format).
     #[arg(
@@ -134,8 +135,8 @@ struct RunArgs {
     file_poll_interval: Duration,
 
     /// Defaults for unset timing fields: `kruise` (kruise-daemon minimums) or `kubernetes`.
-    #[arg(long, value_enum, default_value_t = TimingDefaults::Kruise)]
-    timing_defaults: TimingDefaults,
+    #[arg(long, value_enum, default_value_t = Timing::Kruise)]
+    timing_defaults: Timing,
 
     /// User-Agent of HTTP probes.
     #[arg(long, default_value = podprobe::probe::http::DEFAULT_USER_AGENT)]
@@ -169,8 +170,8 @@ struct RunArgs {
     /// CAP_SYS_PTRACE). `api`: pods/exec through the apiserver (RBAC `create pods/exec`).
     /// `local`: in the sidecar's container. `auto`: procfs, else api, else local, per target
     /// container; the choice and the reason are logged.
-    #[arg(long, value_enum, default_value_t = ExecMode::Auto, env = "PODPROBE_EXEC_MODE")]
-    exec_mode: ExecMode,
+    #[arg(long, value_enum, default_value_t = Exec::Auto, env = "PODPROBE_EXEC_MODE")]
+    exec_mode: Exec,
 }
 
 fn init_logging(level: &str, format: LogFormat) {
@@ -217,11 +218,11 @@ fn main() -> ExitCode {
                 let options = CheckOptions {
                     file,
                     once,
-                    output,
+                    output: output.into(),
                     host,
-                    timing_defaults,
+                    timing_defaults: timing_defaults.into(),
                     user_agent,
-                    exec_mode,
+                    exec_mode: exec_mode.into(),
                 };
                 check::run(options).await.unwrap_or_else(|e| {
                     eprintln!("podprobe check: {e}");
@@ -236,17 +237,17 @@ fn main() -> ExitCode {
                         uid: args.pod_uid.filter(|u| !u.is_empty()),
                     },
                     pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
-                    source: args.source,
+                    source: args.source.into(),
                     annotations_file: args.annotations_file,
                     file_poll: args.file_poll_interval,
-                    timing_defaults: args.timing_defaults,
+                    timing_defaults: args.timing_defaults.into(),
                     user_agent: args.user_agent,
                     refresh_interval: args.refresh_interval,
                     coalesce: args.coalesce_window,
                     prune_conditions: args.prune_conditions,
                     events: args.events,
                     metrics_addr: args.metrics_addr,
-                    exec_mode: args.exec_mode,
+                    exec_mode: args.exec_mode.into(),
                 };
                 match sidecar::run(options, podprobe::shutdown::termination()).await {
                     Ok(()) => ExitCode::SUCCESS,
@@ -257,10 +258,14 @@ fn main() -> ExitCode {
                 }
             }
             #[cfg(feature = "demo")]
-            Command::Demo { output } => podprobe::demo::run(output).await.unwrap_or_else(|e| {
-                eprintln!("podprobe demo: {e}");
-                ExitCode::FAILURE
-            }),
+            Command::Demo { output } => {
+                podprobe::demo::run(output.into())
+                    .await
+                    .unwrap_or_else(|e| {
+                        eprintln!("podprobe demo: {e}");
+                        ExitCode::FAILURE
+                    })
+            }
             Command::Version => {
                 println!("podprobe {}", env!("CARGO_PKG_VERSION"));
                 ExitCode::SUCCESS

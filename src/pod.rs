@@ -16,7 +16,7 @@ use crate::annotation::{self, PODPROBE_ANNOTATION, PodContainers};
 use crate::runner::ContainerView;
 
 /// Where the pod's annotation comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceKind {
     /// The apiserver when it answers and RBAC allows reading the pod, else the file.
     Auto,

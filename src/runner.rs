@@ -53,7 +53,7 @@ impl From<Outcome> for ProbeState {
 }
 
 /// Which defaults apply to unset or out-of-range timing fields.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum TimingDefaults {
     /// kruise-daemon's minimums: period, timeout, initial delay, thresholds all at least 1.
     #[default]

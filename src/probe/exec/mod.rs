@@ -43,7 +43,7 @@ pub use api::ApiExec;
 pub(crate) use auto::Executor;
 
 /// Where exec probes run.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum ExecMode {
     /// Per target container: procfs when its process is visible and chroot is permitted, else
     /// api when configured and allowed, else local. Logged once per container.
