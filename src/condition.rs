@@ -167,7 +167,6 @@ mod tests {
             probe: ProbeId {
                 name: "idle".into(),
                 condition_type: "game.kruise.io/idle".into(),
-                container_name: "main".into(),
             },
             state,
             message: message.into(),

@@ -218,7 +218,6 @@ mod tests {
         ProbeId {
             name: "idle".into(),
             condition_type: "game.kruise.io/idle".into(),
-            container_name: "main".into(),
         }
     }
 

@@ -169,8 +169,6 @@ pub struct ProbeId {
     pub name: String,
     #[serde(rename = "podConditionType")]
     pub condition_type: String,
-    #[serde(skip)]
-    pub container_name: String,
 }
 
 impl ProbeId {
@@ -178,7 +176,6 @@ impl ProbeId {
         ProbeId {
             name: spec.name.clone(),
             condition_type: spec.condition_type.clone(),
-            container_name: spec.container_name.clone(),
         }
     }
 }
