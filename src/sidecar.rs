@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{Api, Client};
 use tokio::sync::{mpsc, watch};
@@ -204,16 +205,22 @@ pub async fn run(
 /// Connects to the apiserver, retrying with backoff: without a client the sidecar can write
 /// nothing, but exiting would only crash-loop the pod.
 async fn connect() -> Client {
-    let mut backoff = Duration::from_secs(1);
+    const MAX_WAIT: Duration = Duration::from_secs(60);
+    let mut waits = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(1))
+        .with_max_delay(MAX_WAIT)
+        .with_jitter()
+        .without_max_times()
+        .build();
     loop {
         match Client::try_default().await {
             Ok(client) => return client,
             Err(e) => {
+                let wait = waits.next().unwrap_or(MAX_WAIT);
                 tracing::error!(
-                    "cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG); retrying in {backoff:?}: {e}"
+                    "cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG); retrying in {wait:?}: {e}"
                 );
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(60));
+                tokio::time::sleep(wait).await;
             }
         }
     }

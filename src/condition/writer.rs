@@ -299,7 +299,8 @@ fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
     format!("writing conditions of pod {pod} failed ({hint}); will retry with backoff: {server}")
 }
 
-/// Full jitter in [backoff/2, backoff].
+/// Equal jitter: a wait in [backoff/2, backoff], so retries of many pods spread out but none
+/// comes back sooner than half the backoff.
 fn jitter(backoff: Duration) -> Duration {
     backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0)
 }

@@ -111,6 +111,8 @@ pub async fn attempt_with_user_agent(
 }
 
 /// Connects, retrying with grpc's default backoff; the caller bounds it with the deadline.
+/// Hand-written, not `backon`: grpc-go's jitter is symmetric (±20 %), which backon's additive
+/// jitter cannot express, and the kubelet's probe timing follows grpc-go.
 async fn connect(endpoint: &Endpoint) -> Channel {
     let mut backoff = BACKOFF_BASE;
     loop {
