@@ -322,26 +322,9 @@ async fn a_same_named_replacement_pod_is_never_written() {
     let old = cluster.create_pod("gs-r", &annotation, json!([])).await;
     let old_uid = old.metadata.uid.clone().unwrap();
     // A pod-bound token dies with its pod (that case is the next test); a plain token of the
-    // same account shows the uid precondition alone. The file source does not follow the pod,
-    // so the sidecar keeps writing as the old pod.
-    let token = cluster
-        .cp
-        .service_account_token(NS, SIDECAR_SA)
-        .await
-        .unwrap();
-    let annotations = cluster.annotations_file(&annotation);
-    let sidecar = cluster.sidecar_with_token(
-        "gs-r",
-        &token,
-        &[
-            "--source",
-            "file",
-            "--annotations-file",
-            annotations.to_str().unwrap(),
-            "--pod-uid",
-            &old_uid,
-        ],
-    );
+    // same account shows the uid precondition alone, and the sidecar keeps writing as the old
+    // pod.
+    let sidecar = cluster.sidecar_outliving(&old, &annotation).await;
     cluster
         .wait_pod("gs-r", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
@@ -416,26 +399,8 @@ async fn a_deleted_pod_is_a_404_to_a_token_not_bound_to_it_and_the_sidecar_says_
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
     let pod = cluster.create_pod("gs-g", &annotation, json!([])).await;
-    // A token of the account alone (as from a mounted Secret) outlives the pod, so the write
-    // reaches the pod's lookup.
-    let token = cluster
-        .cp
-        .service_account_token(NS, SIDECAR_SA)
-        .await
-        .unwrap();
-    let annotations = cluster.annotations_file(&annotation);
-    let sidecar = cluster.sidecar_with_token(
-        "gs-g",
-        &token,
-        &[
-            "--source",
-            "file",
-            "--annotations-file",
-            annotations.to_str().unwrap(),
-            "--pod-uid",
-            pod.metadata.uid.as_deref().unwrap(),
-        ],
-    );
+    // A token not bound to the pod outlives it, so the write reaches the pod's lookup.
+    let sidecar = cluster.sidecar_outliving(&pod, &annotation).await;
     cluster
         .wait_pod("gs-g", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;

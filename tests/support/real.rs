@@ -108,6 +108,30 @@ impl RealCluster {
         start_sidecar(self.dir.path(), &kubeconfig, name, extra)
     }
 
+    /// `podprobe run` as `pod` for as long as the test likes, also after the pod is gone: the
+    /// downward-API file source (nothing follows the pod) and a plain token of [`SIDECAR_SA`]
+    /// (as from a mounted Secret), which, unlike a pod-bound one, outlives the pod.
+    pub async fn sidecar_outliving(&self, pod: &Pod, annotation: &str) -> Sidecar {
+        let token = self
+            .cp
+            .service_account_token(NS, SIDECAR_SA)
+            .await
+            .expect("service-account token");
+        let annotations = self.annotations_file(annotation);
+        self.sidecar_with_token(
+            pod.metadata.name.as_deref().unwrap(),
+            &token,
+            &[
+                "--source",
+                "file",
+                "--annotations-file",
+                annotations.to_str().unwrap(),
+                "--pod-uid",
+                pod.metadata.uid.as_deref().unwrap(),
+            ],
+        )
+    }
+
     /// `annotation` as a downward-API annotations file holds it, for a sidecar that must go on
     /// as its pod after the pod is gone (`--source file`: nothing follows the pod).
     pub fn annotations_file(&self, annotation: &str) -> PathBuf {
