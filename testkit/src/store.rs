@@ -17,6 +17,8 @@ use crate::error::ApiError;
 use crate::resources::{self, ResourceDef};
 use crate::selectors::{FieldSelector, LabelSelector};
 
+mod update;
+
 /// Watch event types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -523,193 +525,20 @@ impl Store {
             .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
         let mut new = f(&old)?;
         Self::check_type(r, &mut new)?;
-        let old_uid = meta_str(&old, "uid").unwrap_or("").to_string();
-        let old_rv = meta_str(&old, "resourceVersion").unwrap_or("").to_string();
-        // The name in the body must be the one in the path.
-        match meta_str(&new, "name") {
-            Some(n) if n != name => {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({n}) does not match the name on the URL ({name})"
-                )));
-            }
-            _ => {}
-        }
-        // Preconditions: uid, then resourceVersion.
-        match meta_str(&new, "uid") {
-            // A PATCH carries no preconditions: the uid it sets is refused as a change of an
-            // immutable field. A PUT's body uid is a precondition (409).
-            Some(u) if !u.is_empty() && u != old_uid && verb == Verb::Patch => {
-                return Err(ApiError::invalid_fields(
-                    r.group,
-                    r.kind,
-                    name,
-                    &[crate::validation::FieldError {
-                        field: "metadata.uid".into(),
-                        value: format!("{u:?}"),
-                        detail: "field is immutable".into(),
-                    }],
-                ));
-            }
-            Some(u) if !u.is_empty() && u != old_uid => {
-                return Err(ApiError::conflict(
-                    r.group,
-                    r.plural,
-                    name,
-                    &format!(
-                        "StorageError: invalid object, Code: 4, Key: /registry/{}/{}{name}, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: {u}, UID in object meta: {old_uid}",
-                        resources::qualified_plural(r),
-                        if ns.is_empty() {
-                            String::new()
-                        } else {
-                            format!("{ns}/")
-                        }
-                    ),
-                ));
-            }
-            _ => {}
-        }
-        match meta_str(&new, "resourceVersion") {
-            Some(v) if !v.is_empty() && v != old_rv => {
-                return Err(ApiError::stale_resource_version(r.group, r.plural, name));
-            }
-            Some(v) if !v.is_empty() => {}
-            _ if r.custom => {
-                return Err(ApiError::invalid(
-                    r.group,
-                    r.kind,
-                    name,
-                    "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
-                ));
-            }
-            _ => {}
-        }
-        // Subresource rules.
-        match (endpoint, r.status_subresource) {
-            (Endpoint::Main, true) => match old.get("status") {
-                Some(s) => new["status"] = s.clone(),
-                None => {
-                    if let Some(o) = new.as_object_mut() {
-                        o.remove("status");
-                    }
-                }
-            },
-            (Endpoint::Status, _) if r.custom => {
-                let status = new.get("status").cloned();
-                new = old.clone();
-                match status {
-                    Some(s) => new["status"] = s,
-                    None => {
-                        if let Some(o) = new.as_object_mut() {
-                            o.remove("status");
-                        }
-                    }
-                }
-            }
-            (Endpoint::Status, _) => {
-                match old.get("spec") {
-                    Some(s) => new["spec"] = s.clone(),
-                    None => {
-                        if let Some(o) = new.as_object_mut() {
-                            o.remove("spec");
-                        }
-                    }
-                }
-                if r.is_pod() {
-                    let old_owners = meta(&old).get("ownerReferences").cloned();
-                    let m = meta_mut(&mut new);
-                    match old_owners {
-                        Some(o) => m.insert("ownerReferences".into(), o),
-                        None => m.remove("ownerReferences"),
-                    };
-                }
-            }
-            (Endpoint::Main, false) => {}
-        }
-        // System-owned metadata is kept from the stored object.
-        {
-            let om = meta(&old).clone();
-            let m = meta_mut(&mut new);
-            for f in [
-                "name",
-                "namespace",
-                "uid",
-                "creationTimestamp",
-                "deletionTimestamp",
-                "deletionGracePeriodSeconds",
-                "generation",
-                "resourceVersion",
-            ] {
-                match om.get(f) {
-                    Some(v) => m.insert(f.into(), v.clone()),
-                    None => m.remove(f),
-                };
-            }
-        }
-        if meta(&old).get("deletionTimestamp").is_some() {
-            let olds = meta(&old)
-                .get("finalizers")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let added: Vec<String> = meta(&new)
-                .get("finalizers")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter(|f| !olds.contains(f))
-                .map(|f| format!("{:?}", f.as_str().unwrap_or_default()))
-                .collect();
-            if !added.is_empty() {
-                return Err(ApiError::invalid(
-                    r.group,
-                    r.kind,
-                    name,
-                    &format!(
-                        "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
-                        added.join(", ")
-                    ),
-                ));
-            }
-        }
-        if r.is_pod() && endpoint == Endpoint::Status {
-            let errors = crate::validation::pod_status_errors(&new);
-            if !errors.is_empty() {
-                return Err(ApiError::invalid_fields(r.group, r.kind, name, &errors));
-            }
-        }
-        if r.is_pod()
-            && endpoint == Endpoint::Main
-            && pod_spec_normalized(&new["spec"]) != pod_spec_normalized(&old["spec"])
-        {
-            return Err(ApiError::invalid(
-                r.group,
-                r.kind,
-                name,
-                "spec: Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
-            ));
-        }
-        if r.generation {
-            let changed = if r.custom {
-                let strip = |v: &Value| {
-                    let mut v = v.clone();
-                    if let Some(o) = v.as_object_mut() {
-                        o.remove("metadata");
-                        o.remove("status");
-                    }
-                    v
-                };
-                strip(&new) != strip(&old)
-            } else {
-                new.get("spec") != old.get("spec")
-            };
-            if changed {
-                let gen_ = meta(&old)
-                    .get("generation")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(0);
-                meta_mut(&mut new).insert("generation".into(), json!(gen_ + 1));
-            }
-        }
+        let rules = update::Rules {
+            r,
+            ns,
+            name,
+            endpoint,
+            verb,
+        };
+        rules.check_name(&new)?;
+        rules.check_preconditions(&old, &new)?;
+        rules.reset_for_endpoint(&old, &mut new);
+        update::keep_system_metadata(&old, &mut new);
+        rules.check_finalizers(&old, &new)?;
+        rules.validate(&old, &new)?;
+        rules.bump_generation(&old, &mut new);
         // A write that changes nothing is not a write: no new
         // resourceVersion, no watch event (as etcd's GuaranteedUpdate).
         if new == old {
