@@ -28,7 +28,7 @@ use crate::patch::{self, PatchType};
 use crate::resources::{self, ResourceDef};
 use crate::response::{Body, error_response, full, json_response};
 use crate::selectors::{FieldSelector, LabelSelector};
-use crate::store::{DeleteOpts, Endpoint, EventType, Store};
+use crate::store::{DeleteOpts, Endpoint, EventType, Store, WatchRecord};
 use crate::table;
 
 /// Everything the server shares with the handle; survives restarts.
@@ -614,6 +614,92 @@ fn bookmark(r: &ResourceDef, rv: u64, initial_end: bool) -> Value {
     b
 }
 
+/// A watch request's options, checked as the apiserver checks `ListOptions` for a watch.
+struct WatchParams {
+    labels: LabelSelector,
+    fields: FieldSelector,
+    bookmarks: bool,
+    send_initial: bool,
+    timeout: Duration,
+    /// `None`: start from a snapshot (resourceVersion unset or "0").
+    start_rv: Option<u64>,
+}
+
+impl WatchParams {
+    fn parse(r: &ResourceDef, q: &HashMap<String, String>, fields: &str) -> Result<Self, ApiError> {
+        let labels =
+            LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
+        let fields = FieldSelector::parse(r, fields)?;
+        let bookmarks = is_true(q, "allowWatchBookmarks");
+        let send_initial = is_true(q, "sendInitialEvents");
+        let rv_match = q.get("resourceVersionMatch").map_or("", String::as_str);
+        if send_initial && (rv_match != "NotOlderThan" || !bookmarks) {
+            return Err(ApiError::invalid(
+                "meta.k8s.io",
+                "ListOptions",
+                "",
+                if rv_match != "NotOlderThan" {
+                    "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+                } else {
+                    "allowWatchBookmarks: Required value: allowWatchBookmarks must be set to true when sendInitialEvents is set"
+                },
+            ));
+        }
+        if !send_initial && !rv_match.is_empty() {
+            return Err(ApiError::invalid(
+                "meta.k8s.io",
+                "ListOptions",
+                "",
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            ));
+        }
+        let timeout = match q.get("timeoutSeconds") {
+            Some(t) => Duration::from_secs(
+                t.parse()
+                    .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
+            ),
+            None => Duration::from_secs(1800),
+        };
+        let start_rv =
+            match q.get("resourceVersion").map_or("", String::as_str) {
+                "" | "0" => None,
+                rv => Some(rv.parse().map_err(|_| {
+                    ApiError::bad_request(format!("invalid resource version: {rv}"))
+                })?),
+            };
+        Ok(WatchParams {
+            labels,
+            fields,
+            bookmarks,
+            send_initial,
+            timeout,
+            start_rv,
+        })
+    }
+}
+
+/// What a watcher whose selection is `matches` sees of one stored change: an object that
+/// enters the selection is ADDED, one that leaves it is DELETED (at the change's version).
+fn watch_event(
+    rec: WatchRecord,
+    matches: impl Fn(&Value) -> bool,
+) -> Option<(&'static str, Value)> {
+    let now = matches(&rec.obj);
+    let before = rec.prev.as_ref().is_some_and(&matches);
+    match (rec.kind, before, now) {
+        (EventType::Added, _, true) => Some(("ADDED", rec.obj)),
+        (EventType::Deleted, _, true) => Some(("DELETED", rec.obj)),
+        (EventType::Modified, true, true) => Some(("MODIFIED", rec.obj)),
+        (EventType::Modified, false, true) => Some(("ADDED", rec.obj)),
+        (EventType::Modified, true, false) => {
+            let mut prev = rec.prev.unwrap_or_default();
+            prev["metadata"]["resourceVersion"] = json!(rec.rv.to_string());
+            Some(("DELETED", prev))
+        }
+        _ => None,
+    }
+}
+
 fn watch_stream(
     shared: Arc<Shared>,
     r: &'static ResourceDef,
@@ -623,52 +709,14 @@ fn watch_stream(
     end_after: Option<usize>,
     as_table: bool,
 ) -> Result<Response<Body>, ApiError> {
-    let labels =
-        LabelSelector::parse(req.q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-    let fields = FieldSelector::parse(r, fields)?;
-    let bookmarks = is_true(&req.q, "allowWatchBookmarks");
-    let send_initial = is_true(&req.q, "sendInitialEvents");
-    let rv_param = req.q.get("resourceVersion").cloned().unwrap_or_default();
-    let rv_match = req
-        .q
-        .get("resourceVersionMatch")
-        .cloned()
-        .unwrap_or_default();
-    if send_initial && (rv_match != "NotOlderThan" || !bookmarks) {
-        return Err(ApiError::invalid(
-            "meta.k8s.io",
-            "ListOptions",
-            "",
-            if rv_match != "NotOlderThan" {
-                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
-            } else {
-                "allowWatchBookmarks: Required value: allowWatchBookmarks must be set to true when sendInitialEvents is set"
-            },
-        ));
-    }
-    if !send_initial && !rv_match.is_empty() {
-        return Err(ApiError::invalid(
-            "meta.k8s.io",
-            "ListOptions",
-            "",
-            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-        ));
-    }
-    let timeout = match req.q.get("timeoutSeconds") {
-        Some(t) => Duration::from_secs(
-            t.parse()
-                .map_err(|_| ApiError::bad_request(format!("invalid timeoutSeconds: {t}")))?,
-        ),
-        None => Duration::from_secs(1800),
-    };
-    let start_rv: Option<u64> =
-        if rv_param.is_empty() || rv_param == "0" {
-            None
-        } else {
-            Some(rv_param.parse().map_err(|_| {
-                ApiError::bad_request(format!("invalid resource version: {rv_param}"))
-            })?)
-        };
+    let WatchParams {
+        labels,
+        fields,
+        bookmarks,
+        send_initial,
+        timeout,
+        start_rv,
+    } = WatchParams::parse(r, &req.q, fields)?;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let store = &shared.store;
@@ -730,21 +778,7 @@ fn watch_stream(
                         if rec.res != res {
                             continue;
                         }
-                        let now = matches(&rec.obj);
-                        let before = rec.prev.as_ref().is_some_and(&matches);
-                        let ev = match (rec.kind, before, now) {
-                            (EventType::Added, _, true) => Some(("ADDED", rec.obj)),
-                            (EventType::Deleted, _, true) => Some(("DELETED", rec.obj)),
-                            (EventType::Modified, true, true) => Some(("MODIFIED", rec.obj)),
-                            (EventType::Modified, false, true) => Some(("ADDED", rec.obj)),
-                            (EventType::Modified, true, false) => {
-                                let mut p = rec.prev.unwrap_or_default();
-                                p["metadata"]["resourceVersion"] = json!(rec.rv.to_string());
-                                Some(("DELETED", p))
-                            }
-                            _ => None,
-                        };
-                        if let Some((kind, obj)) = ev {
+                        if let Some((kind, obj)) = watch_event(rec, matches) {
                             if tx.send(event_line(kind, &wrap(obj))).await.is_err() {
                                 return;
                             }
