@@ -2,7 +2,9 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use super::*;
+use crate::annotation::RawTiming;
 use crate::probe::{Handler, TcpAction};
+use tokio::time::Instant;
 
 /// Scripted attempts: each call pops the next result (default: Succeeded "ok") and records when
 /// it ran, so timing can be checked under tokio's paused clock.
