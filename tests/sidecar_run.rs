@@ -79,26 +79,34 @@ async fn faults_never_lose_or_reorder_results() {
         Some("PodProbeSucceeded")
     );
 
-    // Successful writes of c/p only ever moved forward through the states the probe had.
-    let written: Vec<String> = cluster
-        .api
-        .journal()
-        .matching("PATCH", "pods/status")
-        .iter()
-        .filter(|e| e.status == 200)
-        .filter_map(|e| {
-            let c = e.json()["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .find(|c| c["type"] == "c/p")?
-                .clone();
-            Some(format!(
-                "{}:{}",
-                c["status"].as_str()?,
-                c["message"].as_str()?.trim_end()
-            ))
-        })
-        .collect();
+    // Successful writes of c/p only ever moved forward through the states the probe had. The
+    // server journals a write just after watchers can see it: wait for the last one's entry.
+    let written = || -> Vec<String> {
+        cluster
+            .api
+            .journal()
+            .matching("PATCH", "pods/status")
+            .iter()
+            .filter(|e| e.status == 200)
+            .filter_map(|e| {
+                let c = e.json()["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == "c/p")?
+                    .clone();
+                Some(format!(
+                    "{}:{}",
+                    c["status"].as_str()?,
+                    c["message"].as_str()?.trim_end()
+                ))
+            })
+            .collect()
+    };
+    wait_until(LIMIT, "the journal entry of the v3 write", || {
+        written().iter().any(|w| w == "True:v3")
+    })
+    .await;
+    let written = written();
     let order = ["True:v0", "True:v1", "False:down", "True:v2", "True:v3"];
     let positions: Vec<usize> = written
         .iter()
