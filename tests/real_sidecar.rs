@@ -329,11 +329,7 @@ async fn a_same_named_replacement_pod_is_never_written() {
         .wait_pod("gs-r", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
 
-    cluster
-        .pods()
-        .delete("gs-r", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
+    cluster.delete_now("gs-r").await;
     let new = cluster.create_pod("gs-r", &annotation, json!([])).await;
     assert_ne!(new.metadata.uid.as_deref(), Some(old_uid.as_str()));
     std::fs::remove_file(&flag).unwrap();
@@ -378,11 +374,7 @@ async fn a_deleted_pods_token_stops_working_and_the_sidecar_says_why() {
     cluster
         .wait_pod("gs-t", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
-    cluster
-        .pods()
-        .delete("gs-t", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
+    cluster.delete_now("gs-t").await;
     std::fs::remove_file(&flag).unwrap();
     sidecar
         .wait_log(
@@ -404,11 +396,7 @@ async fn a_deleted_pod_is_a_404_to_a_token_not_bound_to_it_and_the_sidecar_says_
     cluster
         .wait_pod("gs-g", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
-    cluster
-        .pods()
-        .delete("gs-g", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
+    cluster.delete_now("gs-g").await;
     std::fs::remove_file(&flag).unwrap();
     cluster
         .wait_audit("the write to the deleted pod", LIMIT, |e| {

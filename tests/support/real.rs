@@ -43,6 +43,15 @@ impl RealCluster {
         Api::namespaced(self.cp.client(), NS)
     }
 
+    /// Deletes pod `name` at once (grace period 0), as a node that lost it would.
+    pub async fn delete_now(&self, name: &str) {
+        let now = kube::api::DeleteParams::default().grace_period(0);
+        self.pods()
+            .delete(name, &now)
+            .await
+            .expect("delete the pod");
+    }
+
     /// The `events.k8s.io/v1` events stored in [`NS`]: what passed the apiserver's validation.
     pub async fn events(&self) -> Vec<Event> {
         let events: Api<Event> = Api::namespaced(self.cp.client(), NS);
