@@ -88,19 +88,7 @@ pub async fn run(
         }
     );
 
-    let (view_tx, mut view_rx) = watch::channel(PodView::default());
-    let source_task = match source {
-        SourceKind::Api => tokio::spawn(pod::watch_api(
-            client.clone(),
-            options.identity.clone(),
-            view_tx,
-        )),
-        _ => tokio::spawn(pod::watch_file(
-            options.annotations_file.clone(),
-            options.file_poll,
-            view_tx,
-        )),
-    };
+    let (source_task, mut view_rx) = start_source(source, &client, &options);
 
     if source == SourceKind::File && options.identity.uid.is_none() {
         // The file carries no uid, and writing without the uid precondition could land on a
@@ -122,23 +110,7 @@ pub async fn run(
         },
         metrics.clone(),
     );
-    let reference = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(options.identity.name.clone()),
-        namespace: Some(options.identity.namespace.clone()),
-        uid: options.identity.uid.clone(),
-        ..Default::default()
-    };
-    let mut events = if options.events {
-        EventSink::new(
-            client.clone(),
-            reference,
-            Some(options.identity.name.clone()),
-        )
-    } else {
-        EventSink::disabled()
-    };
+    let mut events = event_sink(&client, &options);
 
     let mut sidecar = Sidecar {
         options: options.clone(),
@@ -161,12 +133,7 @@ pub async fn run(
         stopped: false,
     };
     let (event_tx, mut event_rx) = mpsc::channel(1024);
-    let refresh_every = if options.refresh_interval.is_zero() {
-        Duration::from_secs(3600)
-    } else {
-        (options.refresh_interval / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
-    };
-    let mut refresh = tokio::time::interval(refresh_every);
+    let mut refresh = tokio::time::interval(refresh_check_period(options.refresh_interval));
     refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
@@ -200,6 +167,55 @@ pub async fn run(
     }
     writer_task.abort();
     Ok(())
+}
+
+/// Starts reading the pod from `source`; its views arrive on the receiver.
+fn start_source(
+    source: SourceKind,
+    client: &Client,
+    options: &SidecarOptions,
+) -> (tokio::task::JoinHandle<()>, watch::Receiver<PodView>) {
+    let (view_tx, view_rx) = watch::channel(PodView::default());
+    let task = match source {
+        SourceKind::Api => tokio::spawn(pod::watch_api(
+            client.clone(),
+            options.identity.clone(),
+            view_tx,
+        )),
+        _ => tokio::spawn(pod::watch_file(
+            options.annotations_file.clone(),
+            options.file_poll,
+            view_tx,
+        )),
+    };
+    (task, view_rx)
+}
+
+/// Events on this pod, or none with `--events=false`.
+fn event_sink(client: &Client, options: &SidecarOptions) -> EventSink {
+    if !options.events {
+        return EventSink::disabled();
+    }
+    let identity = &options.identity;
+    let pod = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(identity.name.clone()),
+        namespace: Some(identity.namespace.clone()),
+        uid: identity.uid.clone(),
+        ..Default::default()
+    };
+    EventSink::new(client.clone(), pod, Some(identity.name.clone()))
+}
+
+/// How often due `lastProbeTime` refreshes are looked for: a tenth of the interval, within
+/// 1 s..60 s (hourly when refreshes are off).
+fn refresh_check_period(refresh_interval: Duration) -> Duration {
+    if refresh_interval.is_zero() {
+        Duration::from_secs(3600)
+    } else {
+        (refresh_interval / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
+    }
 }
 
 /// Connects to the apiserver, retrying with backoff: without a client the sidecar can write
