@@ -197,13 +197,7 @@ impl Manager {
         let readiness = Arc::new(Readiness::default());
         let mut tasks = Vec::new();
 
-        let native = match client.apiserver_version().await {
-            Ok(v) => supports_native_sidecars(&v.major, &v.minor),
-            Err(e) => {
-                tracing::warn!("cannot read the apiserver version ({e}); no native sidecars");
-                false
-            }
-        };
+        let native = apiserver_supports_native_sidecars(&client).await;
 
         let ppms = Arc::new(PpmCache::default());
         ppms.spawn(client.clone(), shutdown.clone());
@@ -211,26 +205,12 @@ impl Manager {
             .injection
             .is_some()
             .then(|| spawn_store::<Namespace>(client.clone(), shutdown.clone()));
-        {
-            let (ppms, namespaces, readiness) =
-                (ppms.clone(), namespaces.clone(), readiness.clone());
-            let shutdown = shutdown.clone();
-            tasks.push(tokio::spawn(async move {
-                let wait = async {
-                    if let Some(ns) = &namespaces {
-                        let _ = ns.wait_until_ready().await;
-                    }
-                    ppms.wait_synced().await;
-                };
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = wait => {
-                        readiness.set(true);
-                        tracing::info!("caches synced; ready");
-                    }
-                }
-            }));
-        }
+        tasks.push(tokio::spawn(ready_once_synced(
+            ppms.clone(),
+            namespaces.clone(),
+            readiness.clone(),
+            shutdown.clone(),
+        )));
 
         let tls = ReloadingCert::load(&options.tls_cert, &options.tls_key)?;
         tasks.push(tokio::spawn(tls.clone().watch(
@@ -266,39 +246,23 @@ impl Manager {
                 let bound = listener
                     .local_addr()
                     .map_err(|source| RunError::Listen { addr, source })?;
-                tasks.push(tokio::spawn(metrics::serve(
-                    listener,
-                    metrics.clone(),
-                    readiness.clone(),
-                    shutdown.clone(),
-                )));
+                let endpoints =
+                    metrics::serve(listener, metrics.clone(), readiness, shutdown.clone());
+                tasks.push(tokio::spawn(endpoints));
                 Some(bound)
             }
             None => None,
         };
 
         let controllers = options.mode == Mode::Standalone;
-        let (leading_tx, leading) = watch::channel(controllers && options.leader.is_none());
-        // Without an elector the sender stays with the manager: a dropped sender would read as
-        // "leadership over".
-        let mut fixed_leadership = Some(leading_tx);
-        if let (true, Some(leader)) = (controllers, &options.leader) {
-            let leading_tx = fixed_leadership.take().expect("sender present");
-            let config = LeaseConfig::new(
-                &leader.namespace,
-                &leader.name,
-                &leader.identity,
-                leader.lease_duration,
-            );
-            let elector = Elector::new(client.clone(), config);
-            let (shutdown, kill) = (shutdown.clone(), kill.clone());
-            tasks.push(tokio::spawn(async move {
-                tokio::select! {
-                    _ = kill.cancelled() => {}
-                    _ = elector.run(leading_tx, shutdown) => {}
-                }
-            }));
-        }
+        let (leading, fixed_leadership, elector) = leadership(
+            &client,
+            controllers,
+            options.leader.as_ref(),
+            &shutdown,
+            &kill,
+        );
+        tasks.extend(elector);
         if controllers {
             tasks.push(tokio::spawn(lead(
                 client,
@@ -409,6 +373,74 @@ async fn lead(
         tracing::info!("controllers stopped");
         if shutdown.is_cancelled() {
             return;
+        }
+    }
+}
+
+/// Who leads the controllers: the Lease elector when one is configured, else this replica
+/// whenever it runs controllers. Returns the leadership signal, the sender kept when there is
+/// no elector (a dropped sender would read as "leadership over"), and the elector's task.
+fn leadership(
+    client: &Client,
+    controllers: bool,
+    leader: Option<&LeaderOptions>,
+    shutdown: &CancellationToken,
+    kill: &CancellationToken,
+) -> (
+    watch::Receiver<bool>,
+    Option<watch::Sender<bool>>,
+    Option<JoinHandle<()>>,
+) {
+    let (leading_tx, leading) = watch::channel(controllers && leader.is_none());
+    let Some(leader) = leader.filter(|_| controllers) else {
+        return (leading, Some(leading_tx), None);
+    };
+    let config = LeaseConfig::new(
+        &leader.namespace,
+        &leader.name,
+        &leader.identity,
+        leader.lease_duration,
+    );
+    let elector = Elector::new(client.clone(), config);
+    let (shutdown, kill) = (shutdown.clone(), kill.clone());
+    let task = tokio::spawn(async move {
+        tokio::select! {
+            _ = kill.cancelled() => {}
+            _ = elector.run(leading_tx, shutdown) => {}
+        }
+    });
+    (leading, None, Some(task))
+}
+
+/// Whether the apiserver runs restartable init containers (native sidecars, ≥ 1.29).
+async fn apiserver_supports_native_sidecars(client: &Client) -> bool {
+    match client.apiserver_version().await {
+        Ok(v) => supports_native_sidecars(&v.major, &v.minor),
+        Err(e) => {
+            tracing::warn!("cannot read the apiserver version ({e}); no native sidecars");
+            false
+        }
+    }
+}
+
+/// `/readyz` turns ok once the caches the webhooks read have their first list.
+async fn ready_once_synced(
+    ppms: Arc<PpmCache>,
+    namespaces: Option<kube::runtime::reflector::Store<Namespace>>,
+    readiness: Arc<Readiness>,
+    shutdown: CancellationToken,
+) {
+    let synced = async {
+        if let Some(ns) = &namespaces {
+            let _ = ns.wait_until_ready().await;
+        }
+        ppms.wait_synced().await;
+    };
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = synced => {
+            readiness.set(true);
+            tracing::info!("caches synced; ready");
         }
     }
 }
