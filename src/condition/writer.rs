@@ -49,6 +49,38 @@ struct State {
     in_flight: bool,
 }
 
+impl State {
+    /// What the next patch carries: everything pending, or one condition while isolating.
+    fn take_batch(&mut self, isolate: bool) -> Vec<PodCondition> {
+        self.in_flight = true;
+        if isolate {
+            self.pending
+                .pop_first()
+                .map(|(_, c)| vec![c])
+                .unwrap_or_default()
+        } else {
+            std::mem::take(&mut self.pending).into_values().collect()
+        }
+    }
+
+    /// Sets a refused batch aside; anything pending was submitted after it and wins over it.
+    fn park(&mut self, refused: Vec<PodCondition>) {
+        let pending = std::mem::take(&mut self.pending);
+        requeue(&mut self.parked, refused);
+        for (kind, condition) in pending {
+            self.parked.remove(&kind);
+            self.pending.insert(kind, condition);
+        }
+    }
+
+    /// Parked conditions are due again, unless a newer result of the same type is pending.
+    fn unpark(&mut self) {
+        for (kind, condition) in std::mem::take(&mut self.parked) {
+            self.pending.entry(kind).or_insert(condition);
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
@@ -151,11 +183,7 @@ async fn write_loop(
                 () = woken => coalesce = true,
                 () = tokio::time::sleep(jitter(backoff)) => {
                     backoff = (backoff * 2).min(config.backoff_max);
-                    let mut state = lock(&shared);
-                    let parked = std::mem::take(&mut state.parked);
-                    for (kind, condition) in parked {
-                        state.pending.entry(kind).or_insert(condition);
-                    }
+                    lock(&shared).unpark();
                     coalesce = false;
                 }
             }
@@ -171,19 +199,7 @@ async fn write_loop(
             }
             continue;
         };
-        let batch: Vec<PodCondition> = {
-            let mut state = lock(&shared);
-            state.in_flight = true;
-            if isolate {
-                state
-                    .pending
-                    .pop_first()
-                    .map(|(_, c)| vec![c])
-                    .unwrap_or_default()
-            } else {
-                std::mem::take(&mut state.pending).into_values().collect()
-            }
-        };
+        let batch = lock(&shared).take_batch(isolate);
         if batch.is_empty() {
             lock(&shared).in_flight = false;
             isolate = false;
@@ -223,13 +239,7 @@ async fn write_loop(
                     tracing::warn!(pod = %name, conditions = ?types,
                         "writing conditions of pod {name} failed (the apiserver refused the conditions as invalid); retried with backoff apart from the other conditions: {}",
                         status.message);
-                    let pending = std::mem::take(&mut state.pending);
-                    requeue(&mut state.parked, batch);
-                    // Anything newer than a parked condition was submitted after it: it wins.
-                    for (kind, condition) in pending {
-                        state.parked.remove(&kind);
-                        state.pending.insert(kind, condition);
-                    }
+                    state.park(batch);
                     isolate = isolate && !state.pending.is_empty();
                 }
             }
