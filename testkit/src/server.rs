@@ -267,6 +267,38 @@ fn exec_request(
     )
 }
 
+/// Discovery, OpenAPI and health: the GETs that name no resource.
+fn non_resource(shared: &Shared, segs: &[&str]) -> Option<Response<Body>> {
+    let doc = match segs {
+        ["version"] => Some(discovery::version()),
+        ["api"] => Some(discovery::api(&shared.address)),
+        ["apis"] => Some(discovery::apis()),
+        ["api", v] => discovery::resource_list("", v),
+        ["apis", g] => discovery::group(g),
+        ["apis", g, v] => discovery::resource_list(g, v),
+        ["openapi", "v3"] => Some(openapi::index()),
+        ["openapi", "v3", rest @ ..] => openapi::document(&rest.join("/")),
+        ["healthz" | "readyz" | "livez"] => return Some(Response::new(full("ok"))),
+        _ => None,
+    };
+    doc.map(|d| json_response(200, &d))
+}
+
+/// The authorization verb of a request, as the apiserver's request info names it.
+fn verb_of(method: &Method, named: bool, watch: bool) -> Result<&'static str, ApiError> {
+    Ok(match (method, named) {
+        (&Method::GET, _) if watch => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::GET, true) => "get",
+        (&Method::POST, false) => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::PATCH, true) => "patch",
+        (&Method::DELETE, true) => "delete",
+        (&Method::DELETE, false) => "deletecollection",
+        _ => return Err(ApiError::method_not_allowed()),
+    })
+}
+
 /// `/testkit/journal` (GET: JSON lines; DELETE: clear), `/testkit/faults`
 /// (POST: add a rule; GET: list; DELETE: clear), `/testkit/compact` (POST).
 fn control(shared: &Shared, method: &Method, path: &str, body: &[u8]) -> Response<Body> {
@@ -364,41 +396,15 @@ async fn route(
         .split('/')
         .filter(|s| !s.is_empty())
         .collect();
-    if req.method == Method::GET {
-        let doc = match segs.as_slice() {
-            ["version"] => Some(discovery::version()),
-            ["api"] => Some(discovery::api(&shared.address)),
-            ["apis"] => Some(discovery::apis()),
-            ["api", v] => discovery::resource_list("", v),
-            ["apis", g] => discovery::group(g),
-            ["apis", g, v] => discovery::resource_list(g, v),
-            ["openapi", "v3"] => Some(openapi::index()),
-            ["openapi", "v3", rest @ ..] => openapi::document(&rest.join("/")),
-            ["healthz" | "readyz" | "livez"] => {
-                return Ok(Response::new(full("ok")));
-            }
-            _ => None,
-        };
-        if let Some(d) = doc {
-            return Ok(json_response(200, &d));
-        }
+    if req.method == Method::GET
+        && let Some(response) = non_resource(shared, &segs)
+    {
+        return Ok(response);
     }
     let Some(t) = resolve(&segs)? else {
         return Err(ApiError::no_route());
     };
-    let watch = is_true(&req.q, "watch");
-    let verb = match (&req.method, t.name.is_some()) {
-        (&Method::GET, false) if watch => "watch",
-        (&Method::GET, false) => "list",
-        (&Method::GET, true) if watch => "watch",
-        (&Method::GET, true) => "get",
-        (&Method::POST, false) => "create",
-        (&Method::PUT, true) => "update",
-        (&Method::PATCH, true) => "patch",
-        (&Method::DELETE, true) => "delete",
-        (&Method::DELETE, false) => "deletecollection",
-        _ => return Err(ApiError::method_not_allowed()),
-    };
+    let verb = verb_of(&req.method, t.name.is_some(), is_true(&req.q, "watch"))?;
     let ns = t.ns.clone().unwrap_or_default();
     let name = t.name.clone().unwrap_or_default();
     let sub = t.sub.clone().unwrap_or_default();
