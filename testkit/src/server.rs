@@ -148,41 +148,30 @@ async fn handle(
         fault: false,
     };
 
-    let mut end_watch_after = None;
-    let mut drop_exec_after = None;
-    for action in shared.faults.take(
+    let actions = shared.faults.take(
         parts.method.as_str(),
         &path,
         &query,
         &content_type,
         is_watch,
-    ) {
-        match action {
-            Action::Delay { millis } => tokio::time::sleep(Duration::from_millis(millis)).await,
-            Action::Reset => {
-                entry.fault = true;
-                shared.journal.record(entry);
-                return Err(Reset);
-            }
-            Action::Status {
-                code,
-                retry_after,
-                message,
-            } => {
-                let mut e = ApiError::from_code(code, message);
-                e.retry_after = retry_after;
-                if code == 429 && e.details.is_none() {
-                    e.details = Some(json!({"retryAfterSeconds": retry_after.unwrap_or(1)}));
-                }
-                entry.fault = true;
-                entry.status = code;
-                shared.journal.record(entry);
-                return Ok(error_response(&e));
-            }
-            Action::EndWatchAfter { events } => end_watch_after = Some(events),
-            Action::DropExecStreamAfter { bytes } => drop_exec_after = Some(bytes),
+    );
+    let Later {
+        end_watch_after,
+        drop_exec_after,
+    } = match injected(actions).await {
+        Injected::Later(later) => later,
+        Injected::Reset => {
+            entry.fault = true;
+            shared.journal.record(entry);
+            return Err(Reset);
         }
-    }
+        Injected::Answer(e) => {
+            entry.fault = true;
+            entry.status = e.code;
+            shared.journal.record(entry);
+            return Ok(error_response(&e));
+        }
+    };
 
     let Some(user) = user else {
         let e = ApiError::unauthorized();
@@ -265,6 +254,49 @@ fn exec_request(
         drop_after,
         stop,
     )
+}
+
+/// Faults that act later in the request: on its watch or its exec stream.
+#[derive(Default)]
+struct Later {
+    end_watch_after: Option<usize>,
+    drop_exec_after: Option<u64>,
+}
+
+/// What the matching fault rules do to a request.
+enum Injected {
+    /// The connection is dropped.
+    Reset,
+    /// The request is answered with this error instead.
+    Answer(ApiError),
+    /// It is served, with these faults to come.
+    Later(Later),
+}
+
+/// Applies delays in order; the first reset or status answers the request.
+async fn injected(actions: Vec<Action>) -> Injected {
+    let mut later = Later::default();
+    for action in actions {
+        match action {
+            Action::Delay { millis } => tokio::time::sleep(Duration::from_millis(millis)).await,
+            Action::Reset => return Injected::Reset,
+            Action::Status {
+                code,
+                retry_after,
+                message,
+            } => {
+                let mut e = ApiError::from_code(code, message);
+                e.retry_after = retry_after;
+                if code == 429 && e.details.is_none() {
+                    e.details = Some(json!({"retryAfterSeconds": retry_after.unwrap_or(1)}));
+                }
+                return Injected::Answer(e);
+            }
+            Action::EndWatchAfter { events } => later.end_watch_after = Some(events),
+            Action::DropExecStreamAfter { bytes } => later.drop_exec_after = Some(bytes),
+        }
+    }
+    Injected::Later(later)
 }
 
 /// Discovery, OpenAPI and health: the GETs that name no resource.
