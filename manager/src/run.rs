@@ -27,6 +27,24 @@ use crate::tls::{ReloadingCert, TlsError};
 use crate::webhook::{Mode, Webhooks};
 use crate::{metrics, pods, status, webhook};
 
+/// `--mode` on the command line (the webhooks' [`Mode`] stays free of clap).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum ModeArg {
+    /// No OpenKruise: podprobe writes the annotations, runs markers, status and propagation.
+    Standalone,
+    /// OpenKruise owns PPMs, annotations and markers; podprobe only injects the sidecar.
+    Companion,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(mode: ModeArg) -> Self {
+        match mode {
+            ModeArg::Standalone => Mode::Standalone,
+            ModeArg::Companion => Mode::Companion,
+        }
+    }
+}
+
 /// Flags of `podprobe-manager run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
@@ -35,8 +53,8 @@ pub struct RunArgs {
     /// step with PodProbeMarker changes), applies markerPolicy labels/annotations and writes
     /// PodProbeMarker status. `companion`: OpenKruise (EnablePodProbeMarkerOnServerless) owns
     /// all of that; podprobe only injects the sidecar and runs no controller.
-    #[arg(long, value_enum, default_value_t = Mode::Standalone, env = "PODPROBE_MANAGER_MODE")]
-    pub mode: Mode,
+    #[arg(long, value_enum, default_value_t = ModeArg::Standalone, env = "PODPROBE_MANAGER_MODE")]
+    pub mode: ModeArg,
 
     /// Address of the HTTPS admission server (/mutate-pods, /validate-podprobemarkers).
     #[arg(long, default_value = "0.0.0.0:9443")]
@@ -144,7 +162,7 @@ impl Options {
             .map(|c| c.container_name.clone())
             .unwrap_or_else(|| "podprobe".into());
         Ok(Self {
-            mode: args.mode,
+            mode: args.mode.into(),
             webhook_addr: args.webhook_addr,
             tls_cert: args.tls_cert.clone(),
             tls_key: args.tls_key.clone(),

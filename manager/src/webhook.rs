@@ -41,7 +41,7 @@ pub const VALIDATE_PPM_PATH: &str = "/validate-podprobemarkers";
 const MAX_BODY: usize = 8 << 20;
 
 /// Who owns PodProbeMarkers, the pod annotations and the markers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// No OpenKruise: podprobe writes the annotations, runs markers, status and propagation.
     Standalone,
