@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use podprobe::demo::{GamePort, serve_health};
 use serde_json::json;
@@ -17,6 +17,18 @@ use support::real::{RealCluster, SIDECAR_SA};
 use support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
+
+/// The kubelet's conditions are exactly as they were: podprobe's merges leave them alone.
+fn assert_kubelets_untouched(pod: &Pod, kubelet_conditions: &[PodCondition]) {
+    for kubelet in kubelet_conditions {
+        assert_eq!(
+            condition(pod, &kubelet.type_),
+            Some(kubelet),
+            "kubelet's {} untouched",
+            kubelet.type_
+        );
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
@@ -63,14 +75,7 @@ async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
         healthy_condition.message.as_deref(),
         Some("ok: 3 players, tick 16ms")
     );
-    for kubelet in &kubelet_conditions {
-        assert_eq!(
-            condition(&pod, &kubelet.type_),
-            Some(kubelet),
-            "kubelet's {} untouched",
-            kubelet.type_
-        );
-    }
+    assert_kubelets_untouched(&pod, &kubelet_conditions);
 
     // Only the message changes: written, lastTransitionTime kept.
     std::fs::write(&flag, "idle, map de_dust").unwrap();
@@ -113,14 +118,7 @@ async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
             .as_deref(),
         Some("HTTP probe failed with statuscode: 503")
     );
-    for kubelet in &kubelet_conditions {
-        assert_eq!(
-            condition(&pod, &kubelet.type_),
-            Some(kubelet),
-            "kubelet's {} untouched",
-            kubelet.type_
-        );
-    }
+    assert_kubelets_untouched(&pod, &kubelet_conditions);
 
     // What the apiserver received: uid-guarded patches of conditions only, from a token that
     // carries this pod's name and uid, all accepted.
