@@ -12,9 +12,17 @@ pub fn is_qualified_part(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
 }
 
-/// apimachinery's `IsQualifiedName`: optional DNS-subdomain prefix, `/`, name ≤ 63 chars.
+/// apimachinery's message for a name part that is not `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`,
+/// word for word (kube-apiserver returns it in its 422s).
+pub const QUALIFIED_PART_RULE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+/// apimachinery's message for a prefix that is not a lowercase RFC 1123 subdomain.
+pub const DNS_SUBDOMAIN_RULE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// apimachinery's `IsQualifiedName`, with its messages: optional DNS-subdomain prefix, `/`,
+/// name ≤ 63 chars.
 pub fn qualified_name_errors(value: &str) -> Vec<String> {
-    const NAME_RULE: &str = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character";
+    const NAME_RULE: &str = QUALIFIED_PART_RULE;
     let mut msgs = Vec::new();
     let parts: Vec<&str> = value.split('/').collect();
     let name = match parts.as_slice() {
@@ -33,7 +41,7 @@ pub fn qualified_name_errors(value: &str) -> Vec<String> {
         }
         _ => {
             return vec![format!(
-                "a qualified name {NAME_RULE}, with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
+                "a qualified name {NAME_RULE} with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')"
             )];
         }
     };
@@ -63,9 +71,7 @@ pub fn dns_subdomain_errors(value: &str) -> Vec<&'static str> {
             && !b.iter().any(u8::is_ascii_uppercase)
     };
     if !value.split('.').all(label_ok) {
-        msgs.push(
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
-        );
+        msgs.push(DNS_SUBDOMAIN_RULE);
     }
     msgs
 }
