@@ -121,30 +121,89 @@ impl Drop for TempDir {
     }
 }
 
+/// The local targets the example's probes aim at, and the script that takes them down.
+struct Targets {
+    idle_marker: PathBuf,
+    game: GamePort,
+    healthy: Arc<AtomicBool>,
+    http: SocketAddr,
+    grpc: SocketAddr,
+    grpc_health: tonic_health::server::HealthReporter,
+}
+
+impl Targets {
+    async fn start(state_dir: &Path) -> Result<Self, DemoError> {
+        let idle_marker = state_dir.join("idle");
+        std::fs::write(&idle_marker, "")?;
+        let healthy = Arc::new(AtomicBool::new(true));
+        let http = serve_health(healthy.clone()).await?;
+        let (grpc_health, health_service) = tonic_health::server::health_reporter();
+        grpc_health
+            .set_service_status("game", tonic_health::ServingStatus::Serving)
+            .await;
+        let grpc_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let grpc = grpc_listener.local_addr()?;
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service)
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener)),
+        );
+        Ok(Targets {
+            idle_marker,
+            game: GamePort::open(0).await?,
+            healthy,
+            http,
+            grpc,
+            grpc_health,
+        })
+    }
+
+    /// Plays scene `n` of the script; `None` once the script is over.
+    async fn play(&mut self, n: u32) -> Result<Option<&'static str>, DemoError> {
+        let note = match n {
+            1 => {
+                let _ = std::fs::remove_file(&self.idle_marker);
+                "players joined: the idle marker is gone"
+            }
+            2 => {
+                self.healthy.store(false, Ordering::Relaxed);
+                "/healthz answers 503 (failureThreshold 2: two failures to flip)"
+            }
+            3 => {
+                self.grpc_status(tonic_health::ServingStatus::NotServing)
+                    .await;
+                "gRPC health says NOT_SERVING"
+            }
+            4 => {
+                self.game.close();
+                "the game port stops listening"
+            }
+            5 => {
+                std::fs::write(&self.idle_marker, "")?;
+                self.healthy.store(true, Ordering::Relaxed);
+                self.grpc_status(tonic_health::ServingStatus::Serving).await;
+                self.game = GamePort::open(self.game.addr.port()).await?;
+                "everything is back"
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(note))
+    }
+
+    async fn grpc_status(&self, status: tonic_health::ServingStatus) {
+        self.grpc_health.set_service_status("game", status).await;
+    }
+}
+
 /// Runs the demo; returns when the script is done (about 20 seconds).
 pub async fn run(format: OutputFormat) -> Result<ExitCode, DemoError> {
     let state_dir =
         TempDir(std::env::temp_dir().join(format!("podprobe-demo-{}", std::process::id())));
     std::fs::create_dir_all(&state_dir.0)?;
-    let idle_marker = state_dir.0.join("idle");
-    std::fs::write(&idle_marker, "")?;
+    let mut targets = Targets::start(&state_dir.0).await?;
+    let (game, http, grpc) = (targets.game.addr, targets.http, targets.grpc);
 
-    let mut game = GamePort::open(0).await?;
-    let healthy = Arc::new(AtomicBool::new(true));
-    let http = serve_health(healthy.clone()).await?;
-    let (reporter, health_service) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("game", tonic_health::ServingStatus::Serving)
-        .await;
-    let grpc_listener = TcpListener::bind("127.0.0.1:0").await?;
-    let grpc = grpc_listener.local_addr()?;
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health_service)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener)),
-    );
-
-    let pod = example_for(&state_dir.0, game.addr.port(), http.port(), grpc.port());
+    let pod = example_for(&state_dir.0, game.port(), http.port(), grpc.port());
     let (set, containers) = check::load_str(&pod, "examples/game-server-pod.yaml")?;
 
     let (tx, mut rx) = mpsc::channel(256);
@@ -159,11 +218,8 @@ pub async fn run(format: OutputFormat) -> Result<ExitCode, DemoError> {
     let mut book = ConditionBook::default();
     let _ = printer.note(&format!(
         "podprobe demo: {} probes of examples/game-server-pod.yaml against local targets \
-         (tcp {}, http {}, grpc {})\n",
+         (tcp {game}, http {http}, grpc {grpc})\n",
         set.probes.len(),
-        game.addr,
-        http,
-        grpc
     ));
 
     let step = Duration::from_secs(3);
@@ -179,32 +235,7 @@ pub async fn run(format: OutputFormat) -> Result<ExitCode, DemoError> {
             }
             _ = script.tick() => {
                 scene += 1;
-                let note = match scene {
-                    1 => {
-                        let _ = std::fs::remove_file(&idle_marker);
-                        "players joined: the idle marker is gone"
-                    }
-                    2 => {
-                        healthy.store(false, Ordering::Relaxed);
-                        "/healthz answers 503 (failureThreshold 2: two failures to flip)"
-                    }
-                    3 => {
-                        reporter.set_service_status("game", tonic_health::ServingStatus::NotServing).await;
-                        "gRPC health says NOT_SERVING"
-                    }
-                    4 => {
-                        game.close();
-                        "the game port stops listening"
-                    }
-                    5 => {
-                        std::fs::write(&idle_marker, "")?;
-                        healthy.store(true, Ordering::Relaxed);
-                        reporter.set_service_status("game", tonic_health::ServingStatus::Serving).await;
-                        game = GamePort::open(game.addr.port()).await?;
-                        "everything is back"
-                    }
-                    _ => break,
-                };
+                let Some(note) = targets.play(scene).await? else { break };
                 let _ = printer.note(&format!("\n── {note}"));
             }
         }

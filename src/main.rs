@@ -46,42 +46,10 @@ enum Command {
     /// Run a pod's probes on this machine and print the conditions the sidecar would write.
     ///
     /// FILE is a Pod manifest (YAML or JSON) carrying the kruise.io/podprobe annotation, or the
-    /// bare annotation JSON array; `-` reads standard input. Exit codes: 0 all probes ended
-    /// Succeeded, 1 otherwise, 2 bad input (unreadable file, invalid annotation or probe).
-    Check {
-        /// Pod manifest or annotation JSON (`-` for stdin).
-        file: PathBuf,
-
-        /// Attempt each probe until it publishes a state (thresholds apply), or until
-        /// successThreshold + failureThreshold + 2 attempts passed without one (state Unknown,
-        /// message = last error), then exit. Without it, run until Ctrl-C and print every
-        /// transition.
-        #[arg(long)]
-        once: bool,
-
-        /// Output format: `text`, or `json` (one object per transition, then the conditions).
-        #[arg(long, short, value_enum, default_value_t = Output::Text)]
-        output: Output,
-
-        /// Address network probes (tcpSocket, httpGet, grpc) aim at.
-        #[arg(long, default_value = "127.0.0.1")]
-        host: String,
-
-        /// Defaults for unset timing fields: `kruise` (kruise-daemon minimums: 1 s period,
-        /// 1 s delay, thresholds 1) or `kubernetes` (kubelet: 10 s period, threshold 3, ...).
-        #[arg(long, value_enum, default_value_t = Timing::Kruise)]
-        timing_defaults: Timing,
-
-        /// User-Agent of HTTP probes (kubelet sends kube-probe/<major>.<minor>).
-        #[arg(long, default_value = podprobe::probe::http::DEFAULT_USER_AGENT)]
-        user_agent: String,
-
-        /// Where exec probes run: `local` (this machine), `procfs` (chrooted into another
-        /// process' root; see `podprobe run --help`) or `auto` (procfs, else local). `api` needs
-        /// a pod and is unavailable here.
-        #[arg(long, value_enum, default_value_t = Exec::Local)]
-        exec_mode: Exec,
-    },
+    /// bare annotation JSON array; `-` reads standard input. Invalid probes are reported and
+    /// skipped, the others run. Exit codes: 0 all probes ended Succeeded, 1 otherwise, 2 bad
+    /// input (unreadable file, invalid annotation, or any invalid probe).
+    Check(CheckArgs),
 
     /// Watch real probes flip: start local target servers, run the example game-server pod's
     /// probes against them, and take targets down and back up. Needs no cluster.
@@ -94,6 +62,81 @@ enum Command {
 
     /// Print the version.
     Version,
+}
+
+/// Flags of `podprobe check`.
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// Pod manifest or annotation JSON (`-` for stdin).
+    file: PathBuf,
+
+    /// Attempt each probe until it publishes a state (thresholds apply), or until
+    /// successThreshold + failureThreshold + 2 attempts passed without one (state Unknown,
+    /// message = last error), then exit. Without it, run until Ctrl-C and print every
+    /// transition.
+    #[arg(long)]
+    once: bool,
+
+    /// Output format: `text`, or `json` (one object per transition, then the conditions).
+    #[arg(long, short, value_enum, default_value_t = Output::Text)]
+    output: Output,
+
+    /// Address network probes (tcpSocket, httpGet, grpc) aim at.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+
+    /// Defaults for unset timing fields: `kruise` (kruise-daemon minimums: 1 s period,
+    /// 1 s delay, thresholds 1) or `kubernetes` (kubelet: 10 s period, threshold 3, ...).
+    #[arg(long, value_enum, default_value_t = Timing::Kruise)]
+    timing_defaults: Timing,
+
+    /// User-Agent of HTTP probes (kubelet sends kube-probe/<major>.<minor>).
+    #[arg(long, default_value = podprobe::probe::http::DEFAULT_USER_AGENT)]
+    user_agent: String,
+
+    /// Where exec probes run: `local` (this machine), `procfs` (chrooted into another
+    /// process' root; see `podprobe run --help`) or `auto` (procfs, else local). `api` needs
+    /// a pod and is unavailable here.
+    #[arg(long, value_enum, default_value_t = Exec::Local)]
+    exec_mode: Exec,
+}
+
+impl From<CheckArgs> for CheckOptions {
+    fn from(args: CheckArgs) -> Self {
+        CheckOptions {
+            file: args.file,
+            once: args.once,
+            output: args.output.into(),
+            host: args.host,
+            timing_defaults: args.timing_defaults.into(),
+            user_agent: args.user_agent,
+            exec_mode: args.exec_mode.into(),
+        }
+    }
+}
+
+impl From<RunArgs> for SidecarOptions {
+    fn from(args: RunArgs) -> Self {
+        SidecarOptions {
+            identity: PodIdentity {
+                name: args.pod_name,
+                namespace: args.pod_namespace,
+                uid: args.pod_uid.filter(|u| !u.is_empty()),
+            },
+            pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
+            source: args.source.into(),
+            annotations_file: args.annotations_file,
+            file_poll: args.file_poll_interval,
+            timing_defaults: args.timing_defaults.into(),
+            user_agent: args.user_agent,
+            refresh_interval: args.refresh_interval,
+            coalesce: args.coalesce_window,
+            prune_conditions: args.prune_conditions,
+            events: args.events,
+            metrics_addr: args.metrics_addr,
+            exec_mode: args.exec_mode.into(),
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -206,50 +249,12 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async {
         match cli.command {
-            Command::Check {
-                file,
-                once,
-                output,
-                host,
-                timing_defaults,
-                user_agent,
-                exec_mode,
-            } => {
-                let options = CheckOptions {
-                    file,
-                    once,
-                    output: output.into(),
-                    host,
-                    timing_defaults: timing_defaults.into(),
-                    user_agent,
-                    exec_mode: exec_mode.into(),
-                };
-                check::run(options).await.unwrap_or_else(|e| {
-                    eprintln!("podprobe check: {e}");
-                    ExitCode::from(2)
-                })
-            }
+            Command::Check(args) => check::run(args.into()).await.unwrap_or_else(|e| {
+                eprintln!("podprobe check: {e}");
+                ExitCode::from(2)
+            }),
             Command::Run(args) => {
-                let options = SidecarOptions {
-                    identity: PodIdentity {
-                        name: args.pod_name,
-                        namespace: args.pod_namespace,
-                        uid: args.pod_uid.filter(|u| !u.is_empty()),
-                    },
-                    pod_ip: args.pod_ip.filter(|ip| !ip.is_empty()),
-                    source: args.source.into(),
-                    annotations_file: args.annotations_file,
-                    file_poll: args.file_poll_interval,
-                    timing_defaults: args.timing_defaults.into(),
-                    user_agent: args.user_agent,
-                    refresh_interval: args.refresh_interval,
-                    coalesce: args.coalesce_window,
-                    prune_conditions: args.prune_conditions,
-                    events: args.events,
-                    metrics_addr: args.metrics_addr,
-                    exec_mode: args.exec_mode.into(),
-                };
-                match sidecar::run(options, podprobe::shutdown::termination()).await {
+                match sidecar::run(args.into(), podprobe::shutdown::termination()).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
                         tracing::error!("{e}");

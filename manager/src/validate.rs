@@ -6,7 +6,6 @@
 //! and errors carry precise field paths (`spec.probes[1].probe.httpGet.port`).
 
 use std::collections::{BTreeMap, HashSet};
-use std::fmt;
 
 use k8s_openapi::api::core::v1::{ExecAction, GRPCAction, HTTPGetAction, Probe, TCPSocketAction};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -21,84 +20,13 @@ use podprobe_protocol::rules::{
 };
 use podprobe_protocol::state::{STATE_FAILED, STATE_SUCCEEDED};
 
-use crate::crd::{PodProbeMarker, PodProbeMarkerSpec, ProbeMarkerPolicy};
+use crate::crd::{PodContainerProbe, PodProbeMarker, PodProbeMarkerSpec, ProbeMarkerPolicy};
 use crate::selector;
 
-/// Kind of a field error, as apimachinery's `field.ErrorType`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
-    Invalid,
-    Required,
-    Forbidden,
-    NotSupported,
-    TooLong,
-}
+mod field;
 
-/// One problem, naming the field it is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: String,
-    pub kind: ErrorKind,
-    /// The offending value, rendered for the message (absent for Required/Forbidden).
-    pub value: Option<String>,
-    pub detail: String,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let value = self.value.as_deref().unwrap_or("");
-        match self.kind {
-            ErrorKind::Invalid => {
-                write!(f, "{}: Invalid value: {value}: {}", self.field, self.detail)
-            }
-            ErrorKind::Required => write!(f, "{}: Required value: {}", self.field, self.detail),
-            ErrorKind::Forbidden => write!(f, "{}: Forbidden: {}", self.field, self.detail),
-            ErrorKind::NotSupported => {
-                write!(
-                    f,
-                    "{}: Unsupported value: {value}: {}",
-                    self.field, self.detail
-                )
-            }
-            ErrorKind::TooLong => write!(f, "{}: Too long: {}", self.field, self.detail),
-        }
-    }
-}
-
-/// All problems of one object; its message is what the webhook returns with HTTP 400.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", format_errors(.0))]
-pub struct ValidationErrors(pub Vec<FieldError>);
-
-fn format_errors(errors: &[FieldError]) -> String {
-    let parts: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    match parts.len() {
-        1 => parts.into_iter().next().unwrap_or_default(),
-        _ => format!("[{}]", parts.join(", ")),
-    }
-}
-
-fn err(
-    field: &str,
-    kind: ErrorKind,
-    value: Option<String>,
-    detail: impl Into<String>,
-) -> FieldError {
-    FieldError {
-        field: field.to_owned(),
-        kind,
-        value,
-        detail: detail.into(),
-    }
-}
-
-fn invalid(field: &str, value: impl fmt::Display, detail: impl Into<String>) -> FieldError {
-    err(field, ErrorKind::Invalid, Some(value.to_string()), detail)
-}
-
-fn quoted(s: &str) -> String {
-    format!("{s:?}")
-}
+pub use field::{ErrorKind, FieldError, ValidationErrors};
+use field::{err, invalid, quoted};
 
 /// CREATE (`old = None`) or UPDATE validation of a PodProbeMarker.
 pub fn validate(
@@ -122,6 +50,10 @@ pub fn validate(
     }
 }
 
+/// OpenKruise's validation returns at the first of some errors; `Err(EarlyReturn)` carries
+/// that stop out of the per-probe rules.
+struct EarlyReturn;
+
 /// The spec rules, in OpenKruise's order, including its early returns.
 pub fn validate_spec(spec: &PodProbeMarkerSpec, path: &str) -> Vec<FieldError> {
     let mut errors = Vec::new();
@@ -143,100 +75,134 @@ pub fn validate_spec(spec: &PodProbeMarkerSpec, path: &str) -> Vec<FieldError> {
         ));
         return errors;
     }
-    let mut names = HashSet::new();
-    let mut condition_types = HashSet::new();
+    let mut seen = SeenInSpec::default();
     for (i, probe) in spec.probes.iter().enumerate() {
         let at = format!("{path}.probes[{i}]");
-        let name_field = format!("{at}.name");
-        if probe.name.contains('#') {
+        if validate_spec_probe(probe, &at, &mut seen, &mut errors).is_err() {
+            break;
+        }
+    }
+    errors
+}
+
+/// Names and condition types already used by earlier probes of the same spec.
+#[derive(Default)]
+struct SeenInSpec<'a> {
+    names: HashSet<&'a str>,
+    condition_types: HashSet<&'a str>,
+}
+
+fn validate_spec_probe<'a>(
+    probe: &'a PodContainerProbe,
+    at: &str,
+    seen: &mut SeenInSpec<'a>,
+    errors: &mut Vec<FieldError>,
+) -> Result<(), EarlyReturn> {
+    validate_probe_identity(probe, at, &mut seen.names, errors)?;
+    errors.extend(validate_probe(&probe.probe, &format!("{at}.probe")));
+    validate_condition_type(probe, at, &mut seen.condition_types, errors)?;
+    let mut states = HashSet::new();
+    for (j, policy) in probe.marker_policy.iter().enumerate() {
+        let policy_path = format!("{at}.markerPolicy[{j}]");
+        if !states.insert(policy.state.as_str()) {
             errors.push(invalid(
-                &name_field,
-                quoted(&probe.name),
-                "probe name can't contain '#'",
+                &format!("{policy_path}.state"),
+                quoted(&policy.state),
+                "marker policy state must be unique",
             ));
-            return errors;
+            return Err(EarlyReturn);
         }
-        if probe.name.is_empty() {
-            errors.push(err(
-                &name_field,
-                ErrorKind::Required,
-                None,
-                "probe name can't be empty",
-            ));
-            return errors;
-        }
-        if probe.container_name.is_empty() {
-            errors.push(err(
-                &format!("{at}.containerName"),
-                ErrorKind::Required,
-                None,
-                "probe containerName can't be empty",
-            ));
-            return errors;
-        }
-        if RESERVED_PROBE_NAMES.contains(&probe.name.as_str()) {
-            errors.push(invalid(
-                &name_field,
-                quoted(&probe.name),
-                format!("probe name can't be {}", probe.name),
-            ));
-            return errors;
-        }
-        if !names.insert(probe.name.as_str()) {
-            errors.push(invalid(
-                &name_field,
-                quoted(&probe.name),
-                "probe name must be unique in PodProbeMarker",
-            ));
-            return errors;
-        }
-        errors.extend(validate_probe(&probe.probe, &format!("{at}.probe")));
-        let condition = probe.pod_condition_type.as_str();
-        let condition_field = format!("{at}.podConditionType");
-        if condition.is_empty() && probe.marker_policy.is_empty() {
+        errors.extend(validate_policy(policy, &policy_path));
+    }
+    Ok(())
+}
+
+/// Name and container: each error here ends OpenKruise's validation.
+fn validate_probe_identity<'a>(
+    probe: &'a PodContainerProbe,
+    at: &str,
+    names: &mut HashSet<&'a str>,
+    errors: &mut Vec<FieldError>,
+) -> Result<(), EarlyReturn> {
+    let name_field = format!("{at}.name");
+    let error = if probe.name.contains('#') {
+        invalid(
+            &name_field,
+            quoted(&probe.name),
+            "probe name can't contain '#'",
+        )
+    } else if probe.name.is_empty() {
+        err(
+            &name_field,
+            ErrorKind::Required,
+            None,
+            "probe name can't be empty",
+        )
+    } else if probe.container_name.is_empty() {
+        err(
+            &format!("{at}.containerName"),
+            ErrorKind::Required,
+            None,
+            "probe containerName can't be empty",
+        )
+    } else if RESERVED_PROBE_NAMES.contains(&probe.name.as_str()) {
+        invalid(
+            &name_field,
+            quoted(&probe.name),
+            format!("probe name can't be {}", probe.name),
+        )
+    } else if !names.insert(probe.name.as_str()) {
+        invalid(
+            &name_field,
+            quoted(&probe.name),
+            "probe name must be unique in PodProbeMarker",
+        )
+    } else {
+        return Ok(());
+    };
+    errors.push(error);
+    Err(EarlyReturn)
+}
+
+fn validate_condition_type<'a>(
+    probe: &'a PodContainerProbe,
+    at: &str,
+    condition_types: &mut HashSet<&'a str>,
+    errors: &mut Vec<FieldError>,
+) -> Result<(), EarlyReturn> {
+    let condition = probe.pod_condition_type.as_str();
+    let condition_field = format!("{at}.podConditionType");
+    if condition.is_empty() {
+        if probe.marker_policy.is_empty() {
             errors.push(err(
                 &condition_field,
                 ErrorKind::Required,
                 None,
                 "podConditionType and markerPolicy cannot be empty at the same time",
             ));
-            return errors;
+            return Err(EarlyReturn);
         }
-        if !condition.is_empty() {
-            if !condition_types.insert(condition) {
-                errors.push(invalid(
-                    &condition_field,
-                    quoted(condition),
-                    format!("podConditionType {condition} must be unique in podProbeMarker"),
-                ));
-                return errors;
-            }
-            for msg in qualified_name_errors(condition) {
-                errors.push(invalid(&condition_field, quoted(condition), msg));
-            }
-            if RESERVED_CONDITION_TYPES.contains(&condition) {
-                errors.push(invalid(
-                    &condition_field,
-                    quoted(condition),
-                    "is a condition owned by the kubelet or Kruise; the podprobe sidecar will not write it",
-                ));
-            }
-        }
-        let mut states = HashSet::new();
-        for (j, policy) in probe.marker_policy.iter().enumerate() {
-            let policy_path = format!("{at}.markerPolicy[{j}]");
-            if !states.insert(policy.state.as_str()) {
-                errors.push(invalid(
-                    &format!("{policy_path}.state"),
-                    quoted(&policy.state),
-                    "marker policy state must be unique",
-                ));
-                return errors;
-            }
-            errors.extend(validate_policy(policy, &policy_path));
-        }
+        return Ok(());
     }
-    errors
+    if !condition_types.insert(condition) {
+        errors.push(invalid(
+            &condition_field,
+            quoted(condition),
+            format!("podConditionType {condition} must be unique in podProbeMarker"),
+        ));
+        return Err(EarlyReturn);
+    }
+    for msg in qualified_name_errors(condition) {
+        errors.push(invalid(&condition_field, quoted(condition), msg));
+    }
+    if RESERVED_CONDITION_TYPES.contains(&condition) {
+        errors.push(invalid(
+            &condition_field,
+            quoted(condition),
+            "is a condition owned by the kubelet or Kruise; the podprobe sidecar will not write it",
+        ));
+    }
+    Ok(())
 }
 
 fn validate_selector(selector: &LabelSelector, path: &str) -> Vec<FieldError> {

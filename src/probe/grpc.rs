@@ -77,36 +77,43 @@ pub async fn attempt_with_user_agent(
     };
     match tokio::time::timeout_at(deadline, client.check(request)).await {
         Err(_) => rpc_timeout(),
-        Ok(Ok(response)) => {
-            let raw = response.into_inner().status;
-            match ServingStatus::try_from(raw) {
-                Ok(ServingStatus::Serving) => Observation::succeeded("service healthy"),
-                Ok(other) => Observation::failed(format!(
-                    "service unhealthy (responded with {:?})",
-                    other.as_str_name()
-                )),
-                Err(_) => {
-                    Observation::failed(format!("service unhealthy (responded with \"{raw}\")"))
-                }
-            }
-        }
-        Ok(Err(status)) => match status.code() {
-            Code::Unimplemented => Observation::failed(format!(
-                "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): {}",
-                status.message()
-            )),
-            Code::DeadlineExceeded => rpc_timeout(),
-            // tonic enforces the grpc-timeout it sends on the client side too and reports its
-            // expiry as Cancelled("Timeout expired"): that is our deadline.
-            Code::Cancelled if Instant::now() + Duration::from_millis(10) >= deadline => {
-                rpc_timeout()
-            }
-            code => Observation::failed(format!(
-                "error: health rpc probe failed: rpc error: code = {} desc = {}",
-                go_code_name(code),
-                status.message()
-            )),
-        },
+        Ok(Ok(response)) => serving_status(response.into_inner().status),
+        Ok(Err(status)) => rpc_error(&status, deadline, rpc_timeout),
+    }
+}
+
+/// The kubelet's reading of a health response: only SERVING succeeds.
+fn serving_status(raw: i32) -> Observation {
+    match ServingStatus::try_from(raw) {
+        Ok(ServingStatus::Serving) => Observation::succeeded("service healthy"),
+        Ok(other) => Observation::failed(format!(
+            "service unhealthy (responded with {:?})",
+            other.as_str_name()
+        )),
+        Err(_) => Observation::failed(format!("service unhealthy (responded with \"{raw}\")")),
+    }
+}
+
+/// A failed health rpc, in the kubelet's words.
+fn rpc_error(
+    status: &tonic::Status,
+    deadline: Instant,
+    rpc_timeout: impl Fn() -> Observation,
+) -> Observation {
+    match status.code() {
+        Code::Unimplemented => Observation::failed(format!(
+            "error: this server does not implement the grpc health protocol (grpc.health.v1.Health): {}",
+            status.message()
+        )),
+        Code::DeadlineExceeded => rpc_timeout(),
+        // tonic enforces the grpc-timeout it sends on the client side too and reports its
+        // expiry as Cancelled("Timeout expired"): that is our deadline.
+        Code::Cancelled if Instant::now() + Duration::from_millis(10) >= deadline => rpc_timeout(),
+        code => Observation::failed(format!(
+            "error: health rpc probe failed: rpc error: code = {} desc = {}",
+            go_code_name(code),
+            status.message()
+        )),
     }
 }
 

@@ -23,7 +23,7 @@
 use std::io::{self, ErrorKind};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::{ChildStderr, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -128,12 +128,7 @@ pub(crate) async fn run(
     // Never waited on: the reaper owns the status. Dropping a std Child does not kill it.
     drop(child);
 
-    let captures = match pipes {
-        (Some(out), Some(err)) => Capture::new(OwnedFd::from(out))
-            .and_then(|out| Ok((out, Capture::new(OwnedFd::from(err))?))),
-        _ => Err(io::Error::other("child has no stdout/stderr pipe")),
-    };
-    let (mut stdout, mut stderr) = match captures {
+    let (mut stdout, mut stderr) = match capture_output(pipes) {
         Ok(captures) => captures,
         Err(e) => {
             let _ = killpg(pid, Signal::SIGKILL);
@@ -178,6 +173,30 @@ pub(crate) async fn run(
     stdout.drain_buffered();
     stderr.drain_buffered();
 
+    observe(status, &stdout, &stderr, argv)
+}
+
+/// Starts non-blocking capture of the child's stdout and stderr pipes.
+fn capture_output(
+    pipes: (Option<ChildStdout>, Option<ChildStderr>),
+) -> io::Result<(Capture, Capture)> {
+    match pipes {
+        (Some(out), Some(err)) => Ok((
+            Capture::new(OwnedFd::from(out))?,
+            Capture::new(OwnedFd::from(err))?,
+        )),
+        _ => Err(io::Error::other("child has no stdout/stderr pipe")),
+    }
+}
+
+/// The kubelet's reading of an exited command: exit 0 succeeds with stdout as message, any
+/// other exit fails with stderr, a signal fails naming it.
+fn observe(
+    status: WaitStatus,
+    stdout: &Capture,
+    stderr: &Capture,
+    argv: &[String],
+) -> Result<Observation, AttemptError> {
     Ok(match status {
         WaitStatus::Exited(_, 0) => Observation::succeeded(stdout.text()),
         WaitStatus::Exited(_, _) => Observation::failed(stderr.text()),

@@ -5,7 +5,6 @@
 //! controllers (standalone mode only) while leading.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,98 +17,18 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{PpmCache, spawn_store};
-use crate::config::{ConfigError, InjectionConfig, supports_native_sidecars};
-use crate::leader::{Elector, LeaseConfig, default_identity};
+use crate::config::{ConfigError, supports_native_sidecars};
+use crate::leader::{Elector, LeaseConfig};
 use crate::metrics::{Metrics, Readiness};
-use crate::pods::{MarkerScope, PodContext, parse_selector};
+use crate::pods::{MarkerScope, PodContext};
 use crate::status::StatusContext;
 use crate::tls::{ReloadingCert, TlsError};
 use crate::webhook::{Mode, Webhooks};
 use crate::{metrics, pods, status, webhook};
 
-/// `--mode` on the command line (the webhooks' [`Mode`] stays free of clap).
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum ModeArg {
-    /// No OpenKruise: podprobe writes the annotations, runs markers, status and propagation.
-    Standalone,
-    /// OpenKruise owns PPMs, annotations and markers; podprobe only injects the sidecar.
-    Companion,
-}
+mod options;
 
-impl From<ModeArg> for Mode {
-    fn from(mode: ModeArg) -> Self {
-        match mode {
-            ModeArg::Standalone => Mode::Standalone,
-            ModeArg::Companion => Mode::Companion,
-        }
-    }
-}
-
-/// Flags of `podprobe-manager run`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
-    /// `standalone`: no OpenKruise in the cluster; podprobe owns PodProbeMarkers, writes the
-    /// kruise.io/podprobe and kruise.io/podprobemarker-list pod annotations (and keeps them in
-    /// step with PodProbeMarker changes), applies markerPolicy labels/annotations and writes
-    /// PodProbeMarker status. `companion`: OpenKruise (EnablePodProbeMarkerOnServerless) owns
-    /// all of that; podprobe only injects the sidecar and runs no controller.
-    #[arg(long, value_enum, default_value_t = ModeArg::Standalone, env = "PODPROBE_MANAGER_MODE")]
-    pub mode: ModeArg,
-
-    /// Address of the HTTPS admission server (/mutate-pods, /validate-podprobemarkers).
-    #[arg(long, default_value = "0.0.0.0:9443")]
-    pub webhook_addr: SocketAddr,
-
-    /// PEM certificate chain of the webhook server; re-read when the file changes (checked
-    /// every --tls-reload-interval), so a rotated Secret needs no restart.
-    #[arg(long, value_name = "FILE")]
-    pub tls_cert: PathBuf,
-
-    /// PEM private key (PKCS#8, PKCS#1 or SEC1) matching --tls-cert; reloaded with it.
-    #[arg(long, value_name = "FILE")]
-    pub tls_key: PathBuf,
-
-    /// How often the certificate and key files are checked for changes.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub tls_reload_interval: Duration,
-
-    /// Sidecar injection config (YAML: image, resources, opt-in label, nativeSidecar,
-    /// readinessGates, ...). Without it no sidecar is injected.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-
-    /// Plain-HTTP address for /metrics (Prometheus), /healthz and /readyz (ready once the
-    /// PodProbeMarker and namespace caches have synced).
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    pub metrics_addr: SocketAddr,
-
-    /// Run the controllers only on the replica holding a coordination.k8s.io Lease (webhooks
-    /// serve on every replica). `--leader-election=false` for a single replica.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub leader_election: bool,
-
-    /// Namespace of the Lease (defaults to the manager's own namespace).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "podprobe-system")]
-    pub leader_election_namespace: String,
-
-    /// Name of the Lease.
-    #[arg(long, default_value = "podprobe-manager")]
-    pub leader_election_name: String,
-
-    /// Lease duration: how long followers wait after the last renewal before taking over. The
-    /// leader renews every 2/15 of it and steps down after failing to renew for 2/3 of it.
-    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
-    pub leader_election_lease_duration: Duration,
-
-    /// Label selector (key=value[,key=value]) of the nodes whose pods are serverless and get
-    /// markers; pods running the podprobe sidecar get them on any node.
-    #[arg(long, default_value = "type=virtual-kubelet", value_parser = parse_selector)]
-    pub serverless_node_selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
-
-    /// Pods reconciled concurrently by the markers controller.
-    #[arg(long, default_value_t = 16)]
-    pub workers: u16,
-}
+pub use options::{LeaderOptions, ModeArg, Options, RunArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -124,64 +43,6 @@ pub enum RunError {
     },
     #[error("no Kubernetes client: {0}")]
     Client(#[from] kube::Error),
-}
-
-/// Leader election settings; `None` in [`Options`] = always lead.
-#[derive(Debug, Clone)]
-pub struct LeaderOptions {
-    pub namespace: String,
-    pub name: String,
-    pub identity: String,
-    pub lease_duration: Duration,
-}
-
-/// Everything [`Manager::start`] needs (the binary builds it from [`RunArgs`]).
-#[derive(Debug, Clone)]
-pub struct Options {
-    pub mode: Mode,
-    pub webhook_addr: SocketAddr,
-    pub tls_cert: PathBuf,
-    pub tls_key: PathBuf,
-    pub tls_reload_interval: Duration,
-    pub injection: Option<InjectionConfig>,
-    pub metrics_addr: Option<SocketAddr>,
-    pub leader: Option<LeaderOptions>,
-    pub scope: MarkerScope,
-    pub workers: u16,
-}
-
-impl Options {
-    pub fn from_args(args: &RunArgs) -> Result<Self, RunError> {
-        let injection = args
-            .config
-            .as_deref()
-            .map(InjectionConfig::from_file)
-            .transpose()?;
-        let sidecar_name = injection
-            .as_ref()
-            .map(|c| c.container_name.clone())
-            .unwrap_or_else(|| "podprobe".into());
-        Ok(Self {
-            mode: args.mode.into(),
-            webhook_addr: args.webhook_addr,
-            tls_cert: args.tls_cert.clone(),
-            tls_key: args.tls_key.clone(),
-            tls_reload_interval: args.tls_reload_interval,
-            injection,
-            metrics_addr: Some(args.metrics_addr),
-            leader: args.leader_election.then(|| LeaderOptions {
-                namespace: args.leader_election_namespace.clone(),
-                name: args.leader_election_name.clone(),
-                identity: default_identity(),
-                lease_duration: args.leader_election_lease_duration,
-            }),
-            scope: MarkerScope {
-                serverless_nodes: args.serverless_node_selector.clone(),
-                sidecar_name,
-            },
-            workers: args.workers.max(1),
-        })
-    }
 }
 
 /// A running manager.
@@ -204,6 +65,48 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, RunError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| RunError::Listen { addr, source })
+}
+
+/// Serves the webhooks on `addr`; returns the bound address (port 0 picks one).
+async fn serve_webhooks(
+    addr: SocketAddr,
+    tls: &Arc<ReloadingCert>,
+    hooks: Arc<Webhooks>,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<SocketAddr, RunError> {
+    let listener = bind(addr).await?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| RunError::Listen { addr, source })?;
+    tasks.push(tokio::spawn(webhook::serve(
+        listener,
+        tls.server_config(),
+        hooks,
+        shutdown.clone(),
+    )));
+    Ok(bound)
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr`; returns the bound address.
+async fn serve_endpoints(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    shutdown: &CancellationToken,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<SocketAddr, RunError> {
+    let listener = bind(addr).await?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| RunError::Listen { addr, source })?;
+    tasks.push(tokio::spawn(metrics::serve(
+        listener,
+        metrics,
+        readiness,
+        shutdown.clone(),
+    )));
+    Ok(bound)
 }
 
 impl Manager {
@@ -245,30 +148,13 @@ impl Manager {
             namespaces,
             metrics: metrics.clone(),
         });
-        let listener = bind(options.webhook_addr).await?;
-        let webhook_addr = listener.local_addr().map_err(|source| RunError::Listen {
-            addr: options.webhook_addr,
-            source,
-        })?;
-        tasks.push(tokio::spawn(webhook::serve(
-            listener,
-            tls.server_config(),
-            hooks,
-            shutdown.clone(),
-        )));
+        let webhook_addr =
+            serve_webhooks(options.webhook_addr, &tls, hooks, &shutdown, &mut tasks).await?;
         tracing::info!(%webhook_addr, mode = ?options.mode, native_sidecars = native, "webhooks serving");
-
         let metrics_addr = match options.metrics_addr {
-            Some(addr) => {
-                let listener = bind(addr).await?;
-                let bound = listener
-                    .local_addr()
-                    .map_err(|source| RunError::Listen { addr, source })?;
-                let endpoints =
-                    metrics::serve(listener, metrics.clone(), readiness, shutdown.clone());
-                tasks.push(tokio::spawn(endpoints));
-                Some(bound)
-            }
+            Some(addr) => Some(
+                serve_endpoints(addr, metrics.clone(), readiness, &shutdown, &mut tasks).await?,
+            ),
             None => None,
         };
 

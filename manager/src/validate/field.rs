@@ -1,0 +1,84 @@
+//! Field errors as apimachinery renders them (`field.ErrorList`), so messages read like the
+//! apiserver's own.
+
+use std::fmt;
+
+/// Kind of a field error, as apimachinery's `field.ErrorType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    Invalid,
+    Required,
+    Forbidden,
+    NotSupported,
+    TooLong,
+}
+
+/// One problem, naming the field it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub kind: ErrorKind,
+    /// The offending value, rendered for the message (absent for Required/Forbidden).
+    pub value: Option<String>,
+    pub detail: String,
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let value = self.value.as_deref().unwrap_or("");
+        match self.kind {
+            ErrorKind::Invalid => {
+                write!(f, "{}: Invalid value: {value}: {}", self.field, self.detail)
+            }
+            ErrorKind::Required => write!(f, "{}: Required value: {}", self.field, self.detail),
+            ErrorKind::Forbidden => write!(f, "{}: Forbidden: {}", self.field, self.detail),
+            ErrorKind::NotSupported => {
+                write!(
+                    f,
+                    "{}: Unsupported value: {value}: {}",
+                    self.field, self.detail
+                )
+            }
+            ErrorKind::TooLong => write!(f, "{}: Too long: {}", self.field, self.detail),
+        }
+    }
+}
+
+/// All problems of one object; its message is what the webhook returns with HTTP 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", format_errors(.0))]
+pub struct ValidationErrors(pub Vec<FieldError>);
+
+fn format_errors(errors: &[FieldError]) -> String {
+    let parts: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    match parts.len() {
+        1 => parts.into_iter().next().unwrap_or_default(),
+        _ => format!("[{}]", parts.join(", ")),
+    }
+}
+
+pub(super) fn err(
+    field: &str,
+    kind: ErrorKind,
+    value: Option<String>,
+    detail: impl Into<String>,
+) -> FieldError {
+    FieldError {
+        field: field.to_owned(),
+        kind,
+        value,
+        detail: detail.into(),
+    }
+}
+
+pub(super) fn invalid(
+    field: &str,
+    value: impl fmt::Display,
+    detail: impl Into<String>,
+) -> FieldError {
+    err(field, ErrorKind::Invalid, Some(value.to_string()), detail)
+}
+
+pub(super) fn quoted(s: &str) -> String {
+    format!("{s:?}")
+}
