@@ -38,7 +38,7 @@ pub struct CheckOptions {
     pub exec_mode: ExecMode,
 }
 
-/// Bad input: `check` exits 2.
+/// Bad input that leaves nothing to run: `check` exits 2.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
     #[error("{path}: cannot read: {source}")]
@@ -110,7 +110,9 @@ pub fn load_str(text: &str, shown: &str) -> Result<(ProbeSet, PodContainers), Ch
             })?
             .map_err(annotation_error)?
     };
-    if !set.invalid.is_empty() {
+    // Like the sidecar, run what is valid; the invalid ones are reported (and make `check`
+    // exit 2). Only when nothing is valid there is nothing to run.
+    if set.probes.is_empty() && !set.invalid.is_empty() {
         return Err(CheckError::InvalidProbes {
             path: shown.to_owned(),
             invalid: set.invalid,
@@ -212,9 +214,20 @@ fn one_line(message: &str) -> String {
     if flat.is_empty() { "-".into() } else { flat }
 }
 
-/// Runs `check` and returns the process exit code (0 all Succeeded, 1 otherwise).
+/// Runs `check` and returns the process exit code: 0 all Succeeded, 1 otherwise, 2 when some
+/// probes were invalid (the valid ones still ran).
 pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
     let (set, containers) = load(&options.file)?;
+    if !set.invalid.is_empty() {
+        eprintln!(
+            "podprobe check: {}: {} invalid probe(s) skipped, the other {} run:\n{}",
+            options.file.display(),
+            set.invalid.len(),
+            set.probes.len(),
+            list(&set.invalid)
+        );
+    }
+    let some_invalid = !set.invalid.is_empty();
     let (tx, mut rx) = mpsc::channel(256);
     let config = RunnerConfig {
         timing_defaults: options.timing_defaults,
@@ -254,7 +267,11 @@ pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
         }
         runner.stop_all();
         printer.conditions(&book).unwrap_or_else(io_error);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(if some_invalid {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        });
     }
 
     let outcome = run_once(&set, &mut rx, options.timing_defaults).await;
@@ -265,7 +282,9 @@ pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
     }
     printer.conditions(&book).unwrap_or_else(io_error);
     let all_succeeded = outcome.iter().all(|t| t.state == ProbeState::Succeeded);
-    Ok(if all_succeeded {
+    Ok(if some_invalid {
+        ExitCode::from(2)
+    } else if all_succeeded {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -11,6 +11,8 @@
 
 pub mod writer;
 
+pub use writer::ConditionWrite;
+
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
@@ -41,37 +43,50 @@ pub fn kube_time(at: Timestamp) -> Time {
     Time(at.round(whole_seconds).unwrap_or(at))
 }
 
-/// The conditions podprobe owns on one pod, as they are (or will be) on the pod.
+/// The field manager of podprobe's status writes, so `managedFields` tell its writes apart.
+pub const FIELD_MANAGER: &str = "podprobe";
+
+/// The conditions podprobe owns on one pod: what it published, and what the pod says.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ConditionBook {
-    by_type: BTreeMap<String, PodCondition>,
+    /// This sidecar's last result per condition type (refreshed by the heartbeat).
+    published: BTreeMap<String, PodCondition>,
+    /// The pod's conditions as last seen, first of each type (the apiserver allows duplicate
+    /// types; like OpenKruise, the first one counts).
+    observed: BTreeMap<String, PodCondition>,
 }
 
 impl ConditionBook {
     /// Starts from the pod's conditions, so a restarted sidecar keeps `lastTransitionTime` and
     /// does not rewrite conditions that already say the right thing.
     pub fn from_pod_conditions(existing: &[PodCondition]) -> Self {
-        let mut by_type = BTreeMap::new();
-        for condition in existing {
-            // The apiserver allows duplicate types; like OpenKruise, the first one counts.
-            by_type
+        let mut book = ConditionBook::default();
+        book.observe(existing);
+        book
+    }
+
+    /// Follows the pod: what its status says now.
+    pub fn observe(&mut self, conditions: &[PodCondition]) {
+        self.observed.clear();
+        for condition in conditions {
+            self.observed
                 .entry(condition.type_.clone())
                 .or_insert_with(|| condition.clone());
         }
-        ConditionBook { by_type }
     }
 
     /// Records a transition. Returns the condition to write when its status or message differs
-    /// from what the pod has; `None` when the pod already says this.
+    /// from the last published one (or, before the first, from what the pod has); `None` when
+    /// it already says this.
     pub fn record(&mut self, transition: &Transition) -> Option<PodCondition> {
         let condition_type = &transition.probe.condition_type;
         let status = transition.state.condition_status();
         let at = kube_time(transition.at);
-        let previous = self.by_type.get(condition_type);
-        if let Some(previous) = previous
-            && previous.status == status
-            && previous.message.as_deref().unwrap_or("") == transition.message
-        {
+        let previous = self
+            .published
+            .get(condition_type)
+            .or_else(|| self.observed.get(condition_type));
+        if previous.is_some_and(|p| says(p, status, &transition.message)) {
             return None;
         }
         let last_transition_time = match previous {
@@ -87,13 +102,25 @@ impl ConditionBook {
             last_transition_time,
             ..Default::default()
         };
-        self.by_type
+        self.published
             .insert(condition_type.clone(), condition.clone());
         Some(condition)
     }
 
-    /// The `--refresh-interval` heartbeat: returns the condition with a new `lastProbeTime` when
-    /// the last one is at least `interval` old (and `interval` is not zero).
+    /// The published condition of `condition_type` when the pod, as last observed, lacks it or
+    /// says another status or message: someone else changed it.
+    pub fn drifted(&self, condition_type: &str) -> Option<&PodCondition> {
+        let published = self.published.get(condition_type)?;
+        let message = published.message.as_deref().unwrap_or("");
+        match self.observed.get(condition_type) {
+            Some(seen) if says(seen, &published.status, message) => None,
+            _ => Some(published),
+        }
+    }
+
+    /// The `--refresh-interval` heartbeat: returns the published condition with a new
+    /// `lastProbeTime` when the last one is at least `interval` old (and `interval` is not
+    /// zero).
     pub fn refresh(
         &mut self,
         condition_type: &str,
@@ -103,7 +130,7 @@ impl ConditionBook {
         if interval.is_zero() {
             return None;
         }
-        let condition = self.by_type.get_mut(condition_type)?;
+        let condition = self.published.get_mut(condition_type)?;
         let due = match &condition.last_probe_time {
             Some(Time(last)) => {
                 let age = now.duration_since(*last);
@@ -118,40 +145,36 @@ impl ConditionBook {
         Some(condition.clone())
     }
 
+    /// The published condition of a type.
     pub fn get(&self, condition_type: &str) -> Option<&PodCondition> {
-        self.by_type.get(condition_type)
+        self.published.get(condition_type)
     }
 
-    /// Forgets a condition type podprobe no longer probes (`--prune-conditions`).
-    pub fn remove(&mut self, condition_type: &str) -> Option<PodCondition> {
-        self.by_type.remove(condition_type)
+    /// Forgets the result of a probe that left the annotation: it is no longer refreshed or
+    /// repaired.
+    pub fn forget(&mut self, condition_type: &str) {
+        self.published.remove(condition_type);
     }
 
-    /// Every condition the book knows, by type.
+    /// Every published condition, by type.
     pub fn iter(&self) -> impl Iterator<Item = &PodCondition> {
-        self.by_type.values()
+        self.published.values()
     }
 }
 
-/// The strategic-merge patch for `pods/<name>/status` that writes `conditions` and nothing
-/// else, guarded by the pod's uid (a same-named replacement pod is never written).
-pub fn status_patch(uid: &str, conditions: &[PodCondition]) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": { "uid": uid },
-        "status": { "conditions": conditions },
-    })
+/// Whether `condition` carries this status and message (what podprobe's writes are about;
+/// times and reason follow from them).
+fn says(condition: &PodCondition, status: &str, message: &str) -> bool {
+    condition.status == status && condition.message.as_deref().unwrap_or("") == message
 }
 
-/// A patch that deletes conditions by type (strategic merge `$patch: delete`), for
-/// `--prune-conditions`.
-pub fn delete_conditions_patch(uid: &str, condition_types: &[&str]) -> serde_json::Value {
-    let deletions: Vec<_> = condition_types
-        .iter()
-        .map(|t| serde_json::json!({ "type": t, "$patch": "delete" }))
-        .collect();
+/// The strategic-merge patch for `pods/<name>/status` that sets or deletes conditions (merge
+/// key `type`, deletes as `$patch: delete`) and nothing else, guarded by the pod's uid (a
+/// same-named replacement pod is never written).
+pub fn status_patch(uid: &str, writes: &[ConditionWrite]) -> serde_json::Value {
     serde_json::json!({
         "metadata": { "uid": uid },
-        "status": { "conditions": deletions },
+        "status": { "conditions": writes },
     })
 }
 
@@ -271,7 +294,7 @@ mod tests {
                 ts(0) + SignedDuration::from_millis(700),
             ))
             .unwrap();
-        let patch = status_patch("uid-1", &[c]);
+        let patch = status_patch("uid-1", &[ConditionWrite::Set(c)]);
         assert_eq!(
             patch,
             serde_json::json!({
@@ -286,10 +309,64 @@ mod tests {
                 }]}
             })
         );
-        let delete = delete_conditions_patch("uid-1", &["a"]);
+        let delete = status_patch("uid-1", &[ConditionWrite::Delete("a".into())]);
         assert_eq!(
             delete["status"]["conditions"][0],
             serde_json::json!({"type": "a", "$patch": "delete"})
         );
+    }
+
+    #[test]
+    fn the_book_follows_the_pod_and_sees_what_others_changed() {
+        let ct = "game.kruise.io/idle";
+        let mut book = ConditionBook::default();
+        assert_eq!(book.drifted(ct), None, "nothing published, nothing to keep");
+        let published = book
+            .record(&t(ProbeState::Succeeded, "idle", ts(0)))
+            .unwrap();
+        book.observe(&[]);
+        assert_eq!(book.drifted(ct), Some(&published), "removed");
+        let mut changed = published.clone();
+        changed.message = Some("busy".into());
+        book.observe(&[changed.clone()]);
+        assert_eq!(book.drifted(ct), Some(&published), "message changed");
+        changed.message = published.message.clone();
+        changed.status = "False".into();
+        book.observe(&[changed.clone()]);
+        assert_eq!(book.drifted(ct), Some(&published), "status changed");
+        // Times and reason are not what another writer's change is judged by.
+        let mut same = published.clone();
+        same.last_probe_time = Some(Time(ts(50)));
+        book.observe(&[same]);
+        assert_eq!(book.drifted(ct), None);
+        // The last published result, not the pod, decides what is new.
+        book.observe(&[changed]);
+        assert!(
+            book.record(&t(ProbeState::Succeeded, "idle", ts(1)))
+                .is_none()
+        );
+        book.forget(ct);
+        assert_eq!(
+            book.drifted(ct),
+            None,
+            "a removed probe's condition is not kept"
+        );
+    }
+
+    #[test]
+    fn a_first_result_is_judged_against_the_pod_as_last_seen() {
+        let ct = "game.kruise.io/idle";
+        let mut book = ConditionBook::from_pod_conditions(&[]);
+        let mut later = ConditionBook::default();
+        let existing = later
+            .record(&t(ProbeState::Failed, "busy", ts(-100)))
+            .unwrap();
+        // The pod gained the condition after the first view (e.g. a previous sidecar's write).
+        book.observe(&[existing]);
+        let written = book
+            .record(&t(ProbeState::Failed, "busy, 2 players", ts(0)))
+            .unwrap();
+        assert_eq!(written.last_transition_time, Some(Time(ts(-100))));
+        assert_eq!(book.get(ct), Some(&written));
     }
 }

@@ -1,6 +1,6 @@
 //! Kubernetes Events on the sidecar's pod: `KruiseProbeSucceeded` / `KruiseProbeFailed` on state
 //! transitions (the reasons OpenKruise users already watch), and rate-limited warnings
-//! `PodProbeInvalid` / `PodProbeError`. Publishing never blocks probing: each event is sent from
+//! `PodProbeInvalid` / `PodProbeError` / `PodProbeConditionOverwritten`. Publishing never blocks probing: each event is sent from
 //! its own task, and a failure is only logged.
 
 use std::collections::HashMap;
@@ -24,6 +24,8 @@ pub enum EventReason {
     ProbeInvalid,
     /// An attempt could not run.
     ProbeError,
+    /// Another writer removed or changed a condition podprobe published.
+    ConditionOverwritten,
 }
 
 impl EventReason {
@@ -33,6 +35,7 @@ impl EventReason {
             EventReason::ProbeFailed => "KruiseProbeFailed",
             EventReason::ProbeInvalid => "PodProbeInvalid",
             EventReason::ProbeError => "PodProbeError",
+            EventReason::ConditionOverwritten => "PodProbeConditionOverwritten",
         }
     }
 }
@@ -113,6 +116,22 @@ impl EventSink {
         if self.allow(format!("error/{condition_type}")) {
             let note = format!("probe {probe} ({condition_type}) could not run: {error}");
             self.publish(EventType::Warning, EventReason::ProbeError, "Probe", note);
+        }
+    }
+
+    /// Another writer removed or changed a condition; at most one event per condition per
+    /// interval.
+    pub fn overwritten(&mut self, condition_type: &str, changed_by: &str) {
+        if self.allow(format!("overwritten/{condition_type}")) {
+            let note = format!(
+                "condition {condition_type} was removed or changed by another writer ({changed_by}); podprobe writes it back"
+            );
+            self.publish(
+                EventType::Warning,
+                EventReason::ConditionOverwritten,
+                "Repair",
+                note,
+            );
         }
     }
 

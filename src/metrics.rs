@@ -30,6 +30,11 @@ struct AttemptLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    condition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteErrorLabels {
     code: String,
 }
@@ -48,6 +53,7 @@ struct Inner {
     state: Family<ProbeLabels, Gauge>,
     writes: Counter,
     write_errors: Family<WriteErrorLabels, Counter>,
+    overwrites: Family<ConditionLabels, Counter>,
     ready: AtomicBool,
 }
 
@@ -92,6 +98,12 @@ impl Metrics {
             "Pod status patches that failed, by HTTP code (or 'transport')",
             write_errors.clone(),
         );
+        let overwrites = Family::<ConditionLabels, Counter>::default();
+        registry.register(
+            "condition_overwrites",
+            "Times another writer removed or changed a condition podprobe published",
+            overwrites.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -100,6 +112,7 @@ impl Metrics {
                 state,
                 writes,
                 write_errors,
+                overwrites,
                 ready: AtomicBool::new(false),
             }),
         }
@@ -162,11 +175,21 @@ impl Metrics {
             .inc();
     }
 
+    /// Another writer removed or changed a condition podprobe published.
+    pub fn overwritten(&self, condition_type: &str) {
+        self.inner
+            .overwrites
+            .get_or_create(&ConditionLabels {
+                condition: condition_type.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn writes(&self) -> u64 {
         self.inner.writes.get()
     }
 
-    /// Ready once the first probe set is running.
+    /// Ready while probing runs in line with the pod (from the first view until probing stops).
     pub fn set_ready(&self, ready: bool) {
         self.inner.ready.store(ready, Ordering::Relaxed);
     }

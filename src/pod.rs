@@ -1,12 +1,13 @@
 //! The sidecar's view of its own pod: a watch on the apiserver (annotation, container statuses,
 //! uid, deletion) or the downward-API annotations file, published as [`PodView`]s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -48,8 +49,48 @@ pub struct PodView {
     pub pod_ip: Option<String>,
     /// `deletionTimestamp` is set, or the pod is gone.
     pub terminating: bool,
-    /// The pod's current conditions (to seed what is already written).
-    pub conditions: Vec<PodCondition>,
+    /// The pod's current conditions; `None` when the source does not show them (the file).
+    pub conditions: Option<Vec<PodCondition>>,
+    /// Who wrote the pod's status, from `managedFields` (apiserver source only).
+    pub status_writers: Vec<StatusWriter>,
+}
+
+/// One field manager of the pod's status subresource, from `managedFields`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatusWriter {
+    pub manager: String,
+    pub time: Option<jiff::Timestamp>,
+    /// The condition types whose entries it owns (`f:status.f:conditions.k:{"type":...}`).
+    pub condition_types: BTreeSet<String>,
+}
+
+impl StatusWriter {
+    fn from_managed_fields(entry: &ManagedFieldsEntry) -> Option<Self> {
+        if entry.subresource.as_deref() != Some("status") {
+            return None;
+        }
+        let condition_types = entry
+            .fields_v1
+            .as_ref()
+            .and_then(|f| f.0.get("f:status")?.get("f:conditions")?.as_object())
+            .map(|keys| {
+                keys.keys()
+                    .filter_map(|k| condition_type_of_key(k))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(StatusWriter {
+            manager: entry.manager.clone().unwrap_or_default(),
+            time: entry.time.as_ref().map(|t| t.0),
+            condition_types,
+        })
+    }
+}
+
+/// `k:{"type":"X"}` (a list entry by its merge key in a fieldsV1 set) → `X`.
+fn condition_type_of_key(key: &str) -> Option<String> {
+    let fields: serde_json::Value = serde_json::from_str(key.strip_prefix("k:")?).ok()?;
+    Some(fields.get("type")?.as_str()?.to_owned())
 }
 
 impl PodView {
@@ -87,9 +128,18 @@ impl PodView {
                 .and_then(|s| s.pod_ip.clone())
                 .filter(|ip| !ip.is_empty()),
             terminating: !podprobe_protocol::pod::is_active(pod),
-            conditions: status
-                .and_then(|s| s.conditions.clone())
-                .unwrap_or_default(),
+            conditions: Some(
+                status
+                    .and_then(|s| s.conditions.clone())
+                    .unwrap_or_default(),
+            ),
+            status_writers: pod
+                .metadata
+                .managed_fields
+                .iter()
+                .flatten()
+                .filter_map(StatusWriter::from_managed_fields)
+                .collect(),
         }
     }
 

@@ -127,6 +127,16 @@ pub enum WorkerReport {
     },
 }
 
+impl WorkerReport {
+    /// The probe it is about.
+    pub fn probe(&self) -> &ProbeId {
+        match self {
+            WorkerReport::Transition(t) => &t.probe,
+            WorkerReport::Attempted { probe, .. } | WorkerReport::Errored { probe, .. } => probe,
+        }
+    }
+}
+
 /// Settings shared by all workers.
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {

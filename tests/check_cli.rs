@@ -120,7 +120,7 @@ fn bad_input_exits_2_naming_file_probe_and_field() {
 }
 
 #[test]
-fn invalid_probes_are_all_listed_with_their_names() {
+fn invalid_probes_are_all_listed_with_their_names_and_the_valid_ones_run() {
     let dir = tempfile::tempdir().unwrap();
     let value = annotation(&[
         entry("good", "a", r#"{"exec":{"command":["true"]}}"#),
@@ -128,15 +128,56 @@ fn invalid_probes_are_all_listed_with_their_names() {
         entry("no-handler", "c", r#"{}"#),
     ]);
     let path = write_temp(&dir, "mixed.json", &value);
-    let out = podprobe(&["check", "--once", &path]);
+    let out = podprobe(&["check", "--once", "-o", "json", &path]);
     assert_eq!(out.status.code(), Some(2));
+    let lines = json_lines(&out);
+    let conditions = lines.last().and_then(|l| l.conditions.clone()).unwrap();
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    assert_eq!(conditions[0]["type"], "a");
+    assert_eq!(conditions[0]["status"], "True");
     let err = stderr(&out);
-    assert!(err.contains("2 invalid probe(s)"), "{err}");
+    assert!(
+        err.contains("2 invalid probe(s) skipped, the other 1 run"),
+        "{err}"
+    );
     assert!(
         err.contains(r#"probe #1 "bad-port" (podConditionType "b"): probe.tcpSocket.port"#),
         "{err}"
     );
     assert!(err.contains(r#"probe #2 "no-handler""#), "{err}");
+}
+
+#[test]
+fn a_named_port_the_container_does_not_declare_skips_that_probe_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries: Vec<String> = (0..30)
+        .map(|i| {
+            entry(
+                &format!("ok-{i}"),
+                &format!("c/ok-{i}"),
+                r#"{"exec":{"command":["true"]}}"#,
+            )
+        })
+        .collect();
+    entries.push(entry("web", "c/web", r#"{"httpGet":{"port":"nope"}}"#));
+    let path = write_temp(&dir, "pod.yaml", &pod_yaml(&annotation(&entries)));
+    let out = podprobe(&["check", "--once", "-o", "json", &path]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let conditions = json_lines(&out)
+        .last()
+        .and_then(|l| l.conditions.clone())
+        .unwrap();
+    assert_eq!(conditions.len(), 30, "{conditions:?}");
+    assert!(
+        conditions.iter().all(|c| c["status"] == "True"),
+        "{conditions:?}"
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains(r#"probe #30 "web" (podConditionType "c/web"): probe.httpGet.port"#),
+        "{err}"
+    );
+    assert!(err.contains("nope"), "{err}");
 }
 
 #[derive(Debug, serde::Deserialize)]

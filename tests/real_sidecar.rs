@@ -406,6 +406,47 @@ async fn a_deleted_pod_is_a_404_to_a_token_not_bound_to_it_and_the_sidecar_says_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_its_pod_is_deleted_the_sidecar_idles_unready_until_sigterm() {
+    let cluster = RealCluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let pod = cluster
+        .create_pod("gs-x", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
+    let port = free_port();
+    let mut sidecar = cluster
+        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .await;
+    cluster
+        .wait_pod("gs-x", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+    assert_eq!(status_code(port, "/readyz").await, Some(200));
+
+    cluster.delete_now("gs-x").await;
+    sidecar.wait_log("pod deleted; stopping", LIMIT).await;
+    sidecar.wait_log("stopped probing", LIMIT).await;
+    assert_eq!(
+        status_code(port, "/readyz").await,
+        Some(503),
+        "not probing: not ready"
+    );
+    assert_eq!(status_code(port, "/healthz").await, Some(200), "alive");
+    // A loop polling its ended pod source burns a whole core; idle, the sidecar uses next to
+    // nothing. CPU use is a rate, so it takes a window of time to observe.
+    let before = cpu_time(sidecar.pid());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = cpu_time(sidecar.pid()) - before;
+    assert!(
+        used < Duration::from_millis(200),
+        "{used:?} of CPU in 2 s after the pod was deleted"
+    );
+    let status = sidecar
+        .terminate(Duration::from_secs(5))
+        .expect("exited after SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminating_pod_is_no_longer_probed_and_sigterm_exits_0() {
     let cluster = RealCluster::start().await;
     let flag = cluster.dir.path().join("flag");

@@ -1,13 +1,14 @@
 //! Writes condition changes to `pods/<self>/status`: coalesced, one patch in flight, retried with
-//! backoff, always converging to the newest state.
+//! backoff, always converging to the newest state. The only code of the sidecar that writes the
+//! pod's status, for sets and deletes alike, so no two writes of one condition can race.
 //!
-//! Callers [`submit`](ConditionWriter::submit) conditions; the writer keeps the newest condition
-//! per type in a pending map, waits a short coalescing window, and sends everything pending as
-//! one strategic-merge patch with the pod's uid as precondition. A failed patch puts its
-//! conditions back unless a newer one of the same type arrived meanwhile, so an older result
-//! never overwrites a newer one and nothing is lost.
+//! Callers [`submit`](ConditionWriter::submit) conditions (or [`delete`](ConditionWriter::delete)
+//! them); the writer keeps the newest write per type in a pending map, waits a short coalescing
+//! window, and sends everything pending as one strategic-merge patch with the pod's uid as
+//! precondition. A failed patch puts its writes back unless a newer one of the same type arrived
+//! meanwhile, so an older result never overwrites a newer one and nothing is lost.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,8 +16,9 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 
-use super::status_patch;
+use super::{FIELD_MANAGER, status_patch};
 use crate::metrics::Metrics;
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
 
@@ -39,44 +41,103 @@ impl Default for WriterConfig {
     }
 }
 
+/// One change to one condition of the pod: what a patch carries per condition type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConditionWrite {
+    Set(PodCondition),
+    /// Remove the condition (`--prune-conditions`, for a probe that left the annotation).
+    Delete(String),
+}
+
+impl ConditionWrite {
+    pub fn condition_type(&self) -> &str {
+        match self {
+            ConditionWrite::Set(condition) => &condition.type_,
+            ConditionWrite::Delete(condition_type) => condition_type,
+        }
+    }
+}
+
+/// A set is the condition itself; a delete is strategic merge's `$patch: delete` directive
+/// for the list entry with that `type`.
+impl serde::Serialize for ConditionWrite {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match self {
+            ConditionWrite::Set(condition) => condition.serialize(serializer),
+            ConditionWrite::Delete(condition_type) => {
+                let mut map = serializer.serialize_map(Some(2))?;
+                map.serialize_entry("type", condition_type)?;
+                map.serialize_entry("$patch", "delete")?;
+                map.end()
+            }
+        }
+    }
+}
+
+type Writes = BTreeMap<String, ConditionWrite>;
+
 #[derive(Debug, Default)]
 struct State {
-    pending: BTreeMap<String, PodCondition>,
-    /// Conditions the apiserver refused as invalid (422) on their own: retried after a backoff,
+    pending: Writes,
+    /// Writes the apiserver refused as invalid (422) on their own: retried after a backoff,
     /// apart from the others, so one refused condition never holds back the rest. A newer
-    /// result of the same type replaces a parked one.
-    parked: BTreeMap<String, PodCondition>,
-    in_flight: bool,
+    /// write of the same type replaces a parked one.
+    parked: Writes,
+    /// Types of the patch on the wire.
+    in_flight: BTreeSet<String>,
+    /// When the last accepted patch of each type came back.
+    written_at: BTreeMap<String, Instant>,
 }
 
 impl State {
-    /// What the next patch carries: everything pending, or one condition while isolating.
-    fn take_batch(&mut self, isolate: bool) -> Vec<PodCondition> {
-        self.in_flight = true;
-        if isolate {
+    /// What the next patch carries: everything pending, or one write while isolating.
+    fn take_batch(&mut self, isolate: bool) -> Vec<ConditionWrite> {
+        let batch: Vec<ConditionWrite> = if isolate {
             self.pending
                 .pop_first()
-                .map(|(_, c)| vec![c])
+                .map(|(_, w)| vec![w])
                 .unwrap_or_default()
         } else {
             std::mem::take(&mut self.pending).into_values().collect()
+        };
+        self.in_flight = batch
+            .iter()
+            .map(|w| w.condition_type().to_owned())
+            .collect();
+        batch
+    }
+
+    fn queue(&mut self, write: ConditionWrite) {
+        let kind = write.condition_type().to_owned();
+        self.parked.remove(&kind);
+        self.pending.insert(kind, write);
+    }
+
+    fn landed(&mut self, batch: &[ConditionWrite]) {
+        let now = Instant::now();
+        for write in batch {
+            self.written_at
+                .insert(write.condition_type().to_owned(), now);
         }
+        self.in_flight.clear();
     }
 
     /// Sets a refused batch aside; anything pending was submitted after it and wins over it.
-    fn park(&mut self, refused: Vec<PodCondition>) {
+    fn park(&mut self, refused: Vec<ConditionWrite>) {
         let pending = std::mem::take(&mut self.pending);
         requeue(&mut self.parked, refused);
-        for (kind, condition) in pending {
+        for (kind, write) in pending {
             self.parked.remove(&kind);
-            self.pending.insert(kind, condition);
+            self.pending.insert(kind, write);
         }
+        self.in_flight.clear();
     }
 
-    /// Parked conditions are due again, unless a newer result of the same type is pending.
+    /// Parked writes are due again, unless a newer one of the same type is pending.
     fn unpark(&mut self) {
-        for (kind, condition) in std::mem::take(&mut self.parked) {
-            self.pending.entry(kind).or_insert(condition);
+        for (kind, write) in std::mem::take(&mut self.parked) {
+            self.pending.entry(kind).or_insert(write);
         }
     }
 }
@@ -105,23 +166,53 @@ impl ConditionWriter {
         metrics: Metrics,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let shared = Arc::new(Shared::default());
-        let task = tokio::spawn(write_loop(pods, name, uid, config, metrics, shared.clone()));
-        (ConditionWriter { shared }, task)
+        let writer = WriteLoop {
+            pods,
+            name,
+            uid,
+            config,
+            metrics,
+            shared: shared.clone(),
+            backoff: config.backoff_min,
+            coalesce: true,
+            isolate: false,
+        };
+        (ConditionWriter { shared }, tokio::spawn(writer.run()))
     }
 
-    /// Queues a condition; a newer one of the same type replaces an older pending one.
+    /// Queues a condition; a newer write of the same type replaces an older pending one.
     pub fn submit(&self, condition: PodCondition) {
-        let mut state = self.lock();
-        state.parked.remove(&condition.type_);
-        state.pending.insert(condition.type_.clone(), condition);
-        drop(state);
+        self.queue(ConditionWrite::Set(condition));
+    }
+
+    /// Queues the removal of a condition; replaces a pending write of the same type, so a
+    /// result that was still waiting cannot bring the condition back.
+    pub fn delete(&self, condition_type: &str) {
+        self.queue(ConditionWrite::Delete(condition_type.to_owned()));
+    }
+
+    fn queue(&self, write: ConditionWrite) {
+        self.lock().queue(write);
         self.shared.wake.notify_one();
     }
 
     /// Whether nothing is pending or in flight.
     pub fn is_idle(&self) -> bool {
         let state = self.lock();
-        state.pending.is_empty() && state.parked.is_empty() && !state.in_flight
+        state.pending.is_empty() && state.parked.is_empty() && state.in_flight.is_empty()
+    }
+
+    /// Whether a write of `condition_type` is pending, parked or on the wire.
+    pub fn is_busy(&self, condition_type: &str) -> bool {
+        let state = self.lock();
+        state.pending.contains_key(condition_type)
+            || state.parked.contains_key(condition_type)
+            || state.in_flight.contains(condition_type)
+    }
+
+    /// When the apiserver last accepted a write of `condition_type` (`None`: never).
+    pub fn written_at(&self, condition_type: &str) -> Option<Instant> {
+        self.lock().written_at.get(condition_type).copied()
     }
 
     /// Waits until everything submitted is written, at most `limit`. Returns whether it was.
@@ -145,7 +236,7 @@ impl ConditionWriter {
 }
 
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
-    // A panic while holding this lock cannot leave the map half-updated (single inserts), so a
+    // A panic while holding this lock cannot leave the maps half-updated (single inserts), so a
     // poisoned lock is still usable.
     shared
         .state
@@ -153,115 +244,153 @@ fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, State> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn write_loop(
+/// The writer task: one patch at a time, newest write per type wins.
+struct WriteLoop {
     pods: Api<Pod>,
     name: String,
-    mut uid: watch::Receiver<Option<String>>,
+    uid: watch::Receiver<Option<String>>,
     config: WriterConfig,
     metrics: Metrics,
     shared: Arc<Shared>,
-) {
-    let mut backoff = config.backoff_min;
-    let mut coalesce = true;
-    // After a 422 for a batch: send one condition per patch until the pending set drains, so
-    // the one the apiserver refuses cannot hold back the others.
-    let mut isolate = false;
-    loop {
-        let woken = shared.wake.notified();
+    backoff: Duration,
+    /// Wait the coalescing window before the next patch (not when retrying or isolating).
+    coalesce: bool,
+    /// After a 422 for a batch: send one condition per patch until the pending set drains, so
+    /// the one the apiserver refuses cannot hold back the others.
+    isolate: bool,
+}
+
+/// What the loop should do next.
+enum Next {
+    Write,
+    Wait,
+}
+
+impl WriteLoop {
+    async fn run(mut self) {
+        loop {
+            if let Next::Wait = self.wait_for_work().await {
+                continue;
+            }
+            if self.coalesce {
+                tokio::time::sleep(self.config.coalesce).await;
+            }
+            let Some(pod_uid) = self.uid.borrow_and_update().clone() else {
+                tracing::info!(pod = %self.name, "waiting for the pod's uid before writing conditions");
+                if self.uid.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            };
+            let batch = lock(&self.shared).take_batch(self.isolate);
+            if batch.is_empty() {
+                self.isolate = false;
+                continue;
+            }
+            let patch = status_patch(&pod_uid, &batch);
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            let result = self
+                .pods
+                .patch_status(&self.name, &params, &Patch::Strategic(&patch))
+                .await;
+            match result {
+                Ok(_) => self.accepted(&batch),
+                Err(kube::Error::Api(status))
+                    if status.code == 422 && !refused_by_uid_guard(&status) =>
+                {
+                    self.refused_as_invalid(batch, &status.message)
+                }
+                Err(error) => self.failed(batch, &error).await,
+            }
+        }
+    }
+
+    /// Sleeps until something is due; `Next::Write` when pending writes are.
+    async fn wait_for_work(&mut self) -> Next {
+        let woken = self.shared.wake.notified();
         let (nothing_pending, nothing_parked) = {
-            let state = lock(&shared);
+            let state = lock(&self.shared);
             (state.pending.is_empty(), state.parked.is_empty())
         };
         if nothing_pending && nothing_parked {
-            shared.idle.notify_waiters();
+            self.shared.idle.notify_waiters();
             woken.await;
-            coalesce = true;
-        } else if nothing_pending {
-            // Only refused conditions are left: try them again after the backoff, or write a
-            // new result first if one arrives meanwhile.
+            self.coalesce = true;
+            return Next::Wait;
+        }
+        if nothing_pending {
+            // Only refused writes are left: try them again after the backoff, or write a new
+            // result first if one arrives meanwhile.
             tokio::select! {
-                () = woken => coalesce = true,
-                () = tokio::time::sleep(jitter(backoff)) => {
-                    backoff = (backoff * 2).min(config.backoff_max);
-                    lock(&shared).unpark();
-                    coalesce = false;
+                () = woken => self.coalesce = true,
+                () = tokio::time::sleep(jitter(self.backoff)) => {
+                    self.backoff = (self.backoff * 2).min(self.config.backoff_max);
+                    lock(&self.shared).unpark();
+                    self.coalesce = false;
                 }
             }
-            continue;
+            return Next::Wait;
         }
-        if coalesce {
-            tokio::time::sleep(config.coalesce).await;
+        Next::Write
+    }
+
+    fn accepted(&mut self, batch: &[ConditionWrite]) {
+        self.metrics.write_ok();
+        let types: Vec<&str> = batch.iter().map(ConditionWrite::condition_type).collect();
+        tracing::debug!(pod = %self.name, conditions = ?types, "conditions written");
+        let mut state = lock(&self.shared);
+        state.landed(batch);
+        if state.parked.is_empty() {
+            self.backoff = self.config.backoff_min;
         }
-        let Some(pod_uid) = uid.borrow_and_update().clone() else {
-            tracing::info!(pod = %name, "waiting for the pod's uid before writing conditions");
-            if uid.changed().await.is_err() {
-                return;
-            }
-            continue;
-        };
-        let batch = lock(&shared).take_batch(isolate);
-        if batch.is_empty() {
-            lock(&shared).in_flight = false;
-            isolate = false;
-            continue;
+        self.isolate = self.isolate && !state.pending.is_empty();
+        self.coalesce = !self.isolate;
+    }
+
+    fn refused_as_invalid(&mut self, batch: Vec<ConditionWrite>, server: &str) {
+        let name = &self.name;
+        self.metrics.write_error(Some(422));
+        self.coalesce = false;
+        let mut state = lock(&self.shared);
+        if batch.len() > 1 {
+            tracing::warn!(pod = %name, conditions = batch.len(), server = %server,
+                "the apiserver refused a patch of several conditions as invalid; writing them one at a time so that the others are not held back");
+            state.in_flight.clear();
+            requeue(&mut state.pending, batch);
+            self.isolate = true;
+        } else {
+            let types: Vec<&str> = batch.iter().map(ConditionWrite::condition_type).collect();
+            tracing::warn!(pod = %name, conditions = ?types,
+                "writing conditions of pod {name} failed (the apiserver refused the conditions as invalid); retried with backoff apart from the other conditions: {server}");
+            state.park(batch);
+            self.isolate = self.isolate && !state.pending.is_empty();
         }
-        let patch = status_patch(&pod_uid, &batch);
-        let result = pods
-            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await;
-        match result {
-            Ok(_) => {
-                metrics.write_ok();
-                let types: Vec<&str> = batch.iter().map(|c| c.type_.as_str()).collect();
-                tracing::debug!(pod = %name, conditions = ?types, "conditions written");
-                let mut state = lock(&shared);
-                state.in_flight = false;
-                if state.parked.is_empty() {
-                    backoff = config.backoff_min;
-                }
-                isolate = isolate && !state.pending.is_empty();
-                coalesce = !isolate;
-            }
-            Err(kube::Error::Api(status))
-                if status.code == 422 && !refused_by_uid_guard(&status) =>
-            {
-                metrics.write_error(Some(422));
-                coalesce = false;
-                let mut state = lock(&shared);
-                state.in_flight = false;
-                if batch.len() > 1 {
-                    tracing::warn!(pod = %name, conditions = batch.len(), server = %status.message,
-                        "the apiserver refused a patch of several conditions as invalid; writing them one at a time so that the others are not held back");
-                    requeue(&mut state.pending, batch);
-                    isolate = true;
-                } else {
-                    let types: Vec<&str> = batch.iter().map(|c| c.type_.as_str()).collect();
-                    tracing::warn!(pod = %name, conditions = ?types,
-                        "writing conditions of pod {name} failed (the apiserver refused the conditions as invalid); retried with backoff apart from the other conditions: {}",
-                        status.message);
-                    state.park(batch);
-                    isolate = isolate && !state.pending.is_empty();
-                }
-            }
-            Err(error) => {
-                requeue(&mut lock(&shared).pending, batch);
-                lock(&shared).in_flight = false;
-                let (code, retry_after) = classify(&error);
-                metrics.write_error(code);
-                tracing::warn!(pod = %name, "{}", explain(&name, code, &error));
-                let wait = retry_after.unwrap_or_else(|| jitter(backoff));
-                backoff = (backoff * 2).min(config.backoff_max);
-                coalesce = false;
-                tokio::time::sleep(wait).await;
-            }
+    }
+
+    async fn failed(&mut self, batch: Vec<ConditionWrite>, error: &kube::Error) {
+        {
+            let mut state = lock(&self.shared);
+            requeue(&mut state.pending, batch);
+            state.in_flight.clear();
         }
+        let (code, retry_after) = classify(error);
+        self.metrics.write_error(code);
+        tracing::warn!(pod = %self.name, "{}", explain(&self.name, code, error));
+        let wait = retry_after.unwrap_or_else(|| jitter(self.backoff));
+        self.backoff = (self.backoff * 2).min(self.config.backoff_max);
+        self.coalesce = false;
+        tokio::time::sleep(wait).await;
     }
 }
 
 /// Puts a failed batch back, except where a newer condition of the same type arrived meanwhile.
-fn requeue(into: &mut BTreeMap<String, PodCondition>, batch: Vec<PodCondition>) {
-    for condition in batch {
-        into.entry(condition.type_.clone()).or_insert(condition);
+fn requeue(into: &mut Writes, batch: Vec<ConditionWrite>) {
+    for write in batch {
+        into.entry(write.condition_type().to_owned())
+            .or_insert(write);
     }
 }
 
@@ -313,4 +442,56 @@ fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
 /// comes back sooner than half the backoff.
 fn jitter(backoff: Duration) -> Duration {
     backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(type_: &str, message: &str) -> ConditionWrite {
+        ConditionWrite::Set(PodCondition {
+            type_: type_.into(),
+            status: "True".into(),
+            message: Some(message.into()),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_delete_replaces_a_pending_result_and_a_newer_result_replaces_a_delete() {
+        let mut state = State::default();
+        state.queue(set("a", "old"));
+        state.queue(ConditionWrite::Delete("a".into()));
+        assert_eq!(
+            state.take_batch(false),
+            vec![ConditionWrite::Delete("a".into())]
+        );
+        state.in_flight.clear();
+        state.queue(ConditionWrite::Delete("b".into()));
+        state.queue(set("b", "new"));
+        assert_eq!(state.take_batch(false), vec![set("b", "new")]);
+    }
+
+    #[test]
+    fn a_failed_batch_never_overwrites_what_was_queued_meanwhile() {
+        let mut state = State::default();
+        state.queue(set("a", "first"));
+        let batch = state.take_batch(false);
+        assert!(state.in_flight.contains("a"));
+        state.queue(ConditionWrite::Delete("a".into()));
+        requeue(&mut state.pending, batch);
+        assert_eq!(state.pending["a"], ConditionWrite::Delete("a".into()));
+    }
+
+    #[test]
+    fn deletes_are_strategic_merge_directives_in_the_same_list() {
+        let patch = status_patch("u", &[set("a", "m"), ConditionWrite::Delete("b".into())]);
+        assert_eq!(
+            patch["status"]["conditions"],
+            serde_json::json!([
+                {"type": "a", "status": "True", "message": "m"},
+                {"type": "b", "$patch": "delete"},
+            ])
+        );
+    }
 }

@@ -1,25 +1,25 @@
 //! `podprobe run`: the sidecar. Reads its pod (apiserver watch or downward-API file), keeps one
 //! worker per probe in line with the annotation, and writes results as pod conditions.
 
-use std::collections::BTreeSet;
+mod probing;
+mod repair;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::{Api, Client};
-use tokio::sync::{mpsc, watch};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::annotation::{self, PodContainers};
-use crate::condition::writer::{ConditionWriter, WriterConfig};
-use crate::condition::{ConditionBook, delete_conditions_patch};
 use crate::events::EventSink;
 use crate::metrics::Metrics;
 use crate::pod::{self, PodIdentity, PodView, SourceKind};
-use crate::probe::{ApiExec, ExecConfig, ExecMode, Prober};
-use crate::runner::{ProbeId, Runner, RunnerConfig, TimingDefaults, WorkerReport};
+use crate::probe::ExecMode;
+use crate::runner::TimingDefaults;
+use probing::Sidecar;
 
 /// Everything `run` is configured with.
 #[derive(Debug, Clone)]
@@ -87,9 +87,6 @@ pub async fn run(
             _ => "the downward-API file",
         }
     );
-
-    let (source_task, mut view_rx) = start_source(source, &client, &options);
-
     if source == SourceKind::File && options.identity.uid.is_none() {
         // The file carries no uid, and writing without the uid precondition could land on a
         // same-named replacement pod: nothing is written until POD_UID is provided.
@@ -98,74 +95,13 @@ pub async fn run(
              will be written; set POD_UID from the downward API (fieldPath: metadata.uid)"
         );
     }
-    let (uid_tx, uid_rx) = watch::channel(options.identity.uid.clone());
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &options.identity.namespace);
-    let (writer, writer_task) = ConditionWriter::spawn(
-        pods.clone(),
-        options.identity.name.clone(),
-        uid_rx,
-        WriterConfig {
-            coalesce: options.coalesce,
-            ..WriterConfig::default()
-        },
-        metrics.clone(),
-    );
-    let mut events = event_sink(&client, &options);
-
-    let mut sidecar = Sidecar {
-        options: options.clone(),
-        runner: None,
-        book: None,
-        last_annotation: None,
-        probes: Vec::new(),
-        metrics: metrics.clone(),
-        exec: ExecConfig {
-            mode: options.exec_mode,
-            api: Some(ApiExec::new(
-                client.clone(),
-                &options.identity.namespace,
-                options.identity.name.clone(),
-            )),
-        },
-        writer: writer.clone(),
-        pods,
-        uid: options.identity.uid.clone(),
-        stopped: false,
-    };
-    let (event_tx, mut event_rx) = mpsc::channel(1024);
-    let mut refresh = tokio::time::interval(refresh_check_period(options.refresh_interval));
-    refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-    loop {
-        tokio::select! {
-            changed = view_rx.changed() => {
-                if changed.is_err() {
-                    // The source ended: the pod is gone. Keep serving until SIGTERM.
-                    sidecar.stop("the pod was deleted");
-                    view_rx = watch::channel(PodView::default()).1;
-                    continue;
-                }
-                let view = view_rx.borrow_and_update().clone();
-                if view.uid.is_some() && sidecar.uid.is_none() {
-                    sidecar.uid = view.uid.clone();
-                    events.set_uid(view.uid.clone());
-                    let _ = uid_tx.send(view.uid.clone());
-                }
-                sidecar.on_view(&view, &event_tx, &mut events).await;
-            }
-            Some(event) = event_rx.recv() => sidecar.on_event(event, &mut events),
-            _ = refresh.tick() => sidecar.refresh(),
-            () = &mut shutdown => break,
-        }
-    }
+    let (source_task, views) = start_source(source, &client, &options);
+    let (mut sidecar, reports) = Sidecar::new(&client, options, metrics);
+    sidecar.run_until(views, reports, shutdown).await;
 
     tracing::info!("SIGTERM: stopping probes and flushing pending condition writes");
-    sidecar.stop("shutting down");
     source_task.abort();
-    if !writer.flush(SHUTDOWN_FLUSH).await {
-        tracing::warn!("a condition write was still pending at shutdown");
-    }
-    writer_task.abort();
+    sidecar.shut_down(SHUTDOWN_FLUSH).await;
     Ok(())
 }
 
@@ -239,215 +175,5 @@ async fn connect() -> Client {
                 tokio::time::sleep(wait).await;
             }
         }
-    }
-}
-
-struct Sidecar {
-    options: SidecarOptions,
-    runner: Option<Runner>,
-    book: Option<ConditionBook>,
-    last_annotation: Option<String>,
-    /// Probes currently running (for refresh and pruning).
-    probes: Vec<ProbeId>,
-    metrics: Metrics,
-    exec: ExecConfig,
-    writer: ConditionWriter,
-    pods: Api<Pod>,
-    uid: Option<String>,
-    stopped: bool,
-}
-
-impl Sidecar {
-    async fn on_view(
-        &mut self,
-        view: &PodView,
-        event_tx: &mpsc::Sender<WorkerReport>,
-        events: &mut EventSink,
-    ) {
-        if self.stopped {
-            return;
-        }
-        if view.terminating {
-            self.stop("the pod is terminating; conditions are left as they are");
-            return;
-        }
-        if self.book.is_none() {
-            self.book = Some(ConditionBook::from_pod_conditions(&view.conditions));
-        }
-        let runner = self.runner.get_or_insert_with(|| {
-            let host = self
-                .options
-                .pod_ip
-                .clone()
-                .or_else(|| view.pod_ip.clone())
-                .unwrap_or_else(|| "127.0.0.1".into());
-            tracing::info!(%host, exec_mode = %self.options.exec_mode, "network probes aim at {host}; exec probes run in {} mode", self.options.exec_mode);
-            let config = RunnerConfig {
-                timing_defaults: self.options.timing_defaults,
-                host,
-                ..RunnerConfig::default()
-            };
-            Runner::new(
-                Prober::new(self.options.user_agent.clone()).with_exec(self.exec.clone()),
-                config,
-                event_tx.clone(),
-            )
-        });
-        for (container, status) in &view.statuses {
-            runner.set_container(container, status.clone());
-        }
-        if view.annotation == self.last_annotation {
-            return;
-        }
-        self.last_annotation = view.annotation.clone();
-        let Some(value) = &view.annotation else {
-            tracing::info!(
-                "the pod has no {} annotation; nothing to probe",
-                annotation::PODPROBE_ANNOTATION
-            );
-            self.apply(&[], &PodContainers::default()).await;
-            return;
-        };
-        match annotation::parse(value, view.containers.as_ref()) {
-            Ok(set) => {
-                for invalid in &set.invalid {
-                    tracing::warn!("skipping {invalid}");
-                    events.invalid(&invalid.to_string());
-                }
-                let containers = view.containers.clone().unwrap_or_default();
-                self.apply(&set.probes, &containers).await;
-            }
-            Err(e) => {
-                tracing::error!("{e}; the last good probe set keeps running");
-                events.invalid(&e.to_string());
-            }
-        }
-    }
-
-    async fn apply(&mut self, probes: &[annotation::ProbeSpec], containers: &PodContainers) {
-        let Some(runner) = self.runner.as_mut() else {
-            return;
-        };
-        let applied = runner.apply(probes, containers);
-        if applied.started.len() + applied.restarted.len() + applied.stopped.len() > 0 {
-            tracing::info!(
-                started = ?applied.started,
-                restarted = ?applied.restarted,
-                stopped = ?applied.stopped,
-                "probe set updated ({} running)",
-                runner.len()
-            );
-        }
-        let now: BTreeSet<_> = probes.iter().map(|p| p.condition_type.clone()).collect();
-        let removed: Vec<ProbeId> = self
-            .probes
-            .iter()
-            .filter(|p| !now.contains(&p.condition_type))
-            .cloned()
-            .collect();
-        self.probes = probes.iter().map(ProbeId::of).collect();
-        for probe in &removed {
-            self.metrics.forget(probe);
-        }
-        if self.options.prune_conditions && !removed.is_empty() {
-            self.prune(&removed).await;
-        }
-        self.metrics.set_ready(true);
-    }
-
-    /// `--prune-conditions`: deletes the conditions of probes that left the annotation.
-    async fn prune(&mut self, removed: &[ProbeId]) {
-        let Some(uid) = self.uid.clone() else { return };
-        let types: Vec<&str> = removed.iter().map(|p| p.condition_type.as_str()).collect();
-        let patch = delete_conditions_patch(&uid, &types);
-        let params = kube::api::PatchParams::default();
-        match self
-            .pods
-            .patch_status(
-                &self.options.identity.name,
-                &params,
-                &kube::api::Patch::Strategic(&patch),
-            )
-            .await
-        {
-            Ok(_) => {
-                self.metrics.write_ok();
-                if let Some(book) = self.book.as_mut() {
-                    for t in &types {
-                        book.remove(t);
-                    }
-                }
-                tracing::info!(conditions = ?types, "pruned conditions of removed probes");
-            }
-            Err(e) => {
-                tracing::warn!(conditions = ?types, "cannot prune conditions of removed probes: {e}")
-            }
-        }
-    }
-
-    fn on_event(&mut self, event: WorkerReport, events: &mut EventSink) {
-        if self.stopped {
-            return;
-        }
-        match event {
-            WorkerReport::Transition(t) => {
-                self.metrics.state(&t.probe, t.state);
-                tracing::info!(
-                    probe = %t.probe.name,
-                    condition = %t.probe.condition_type,
-                    state = %t.state,
-                    message = %t.message,
-                    "probe result changed"
-                );
-                events.transition(&t);
-                if let Some(condition) = self.book.as_mut().and_then(|b| b.record(&t)) {
-                    self.writer.submit(condition);
-                }
-            }
-            WorkerReport::Attempted {
-                probe,
-                outcome,
-                duration,
-            } => {
-                let result = match outcome {
-                    crate::probe::Outcome::Succeeded => "succeeded",
-                    crate::probe::Outcome::Failed => "failed",
-                };
-                self.metrics.attempt(&probe, result, Some(duration));
-            }
-            WorkerReport::Errored { probe, error, .. } => {
-                self.metrics.attempt(&probe, "errored", None);
-                tracing::warn!(probe = %probe.name, condition = %probe.condition_type, "probe attempt errored, state unchanged: {error}");
-                events.errored(&probe.condition_type, &probe.name, &error);
-            }
-        }
-    }
-
-    /// The `--refresh-interval` heartbeat of `lastProbeTime`.
-    fn refresh(&mut self) {
-        if self.stopped || self.options.refresh_interval.is_zero() {
-            return;
-        }
-        let Some(book) = self.book.as_mut() else {
-            return;
-        };
-        let now = jiff::Timestamp::now();
-        for probe in &self.probes {
-            if let Some(c) = book.refresh(&probe.condition_type, now, self.options.refresh_interval)
-            {
-                self.writer.submit(c);
-            }
-        }
-    }
-
-    fn stop(&mut self, why: &str) {
-        if self.stopped {
-            return;
-        }
-        self.stopped = true;
-        if let Some(runner) = self.runner.as_mut() {
-            runner.stop_all();
-        }
-        tracing::info!("stopped probing: {why}");
     }
 }

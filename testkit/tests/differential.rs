@@ -101,6 +101,15 @@ async fn status_writes(client: &Client) -> Vec<String> {
         .await,
     );
     seen.push(conditions_of(&pods, "a").await);
+    // A set and a delete in one list, as podprobe's writer sends them.
+    seen.push(
+        write(json!({"metadata": {"uid": uid}, "status": {"conditions": [
+            {"type": "game.kruise.io/b", "status": "True"},
+            {"type": "Ready", "$patch": "delete"}
+        ]}}))
+        .await,
+    );
+    seen.push(conditions_of(&pods, "a").await);
     // A stale resourceVersion on a PUT.
     let mut stale = created.clone();
     stale.metadata.labels = Some([("app".to_owned(), "other".to_owned())].into());

@@ -290,16 +290,44 @@ pub fn free_port() -> u16 {
 
 /// GET on the sidecar's metrics endpoint.
 pub async fn metrics(port: u16) -> Option<String> {
+    http_get(port, "/metrics").await
+}
+
+/// The HTTP status code of a GET on the sidecar's endpoints (`/readyz`, `/healthz`).
+pub async fn status_code(port: u16, path: &str) -> Option<u16> {
+    let response = http_get(port, path).await?;
+    response.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1:`port`; the whole response, headers included.
+async fn http_get(port: u16, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await.ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).await.ok()?;
     Some(out)
+}
+
+/// CPU time (user + system) a process has used so far.
+pub fn cpu_time(pid: nix::unistd::Pid) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    // /proc counts in USER_HZ, which the kernel ABI fixes at 100 on x86_64 and arm64.
+    Duration::from_millis(ticks * 10)
 }
 
 /// Attempts counted so far for a condition type (all results), from /metrics.

@@ -1,0 +1,395 @@
+//! The sidecar's loop: follows the pod's views, keeps one worker per probe in line with the
+//! annotation, turns results into conditions for the writer, refreshes and repairs them.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::repair::{Repairs, Seen, Writing};
+use super::{SidecarOptions, event_sink, refresh_check_period};
+use crate::annotation::{self, PodContainers};
+use crate::condition::writer::{ConditionWriter, WriterConfig};
+use crate::condition::{ConditionBook, FIELD_MANAGER};
+use crate::events::EventSink;
+use crate::metrics::Metrics;
+use crate::pod::{PodView, StatusWriter};
+use crate::probe::{ApiExec, ExecConfig, Prober};
+use crate::runner::{ProbeId, Runner, RunnerConfig, WorkerReport};
+
+pub(super) struct Sidecar {
+    options: SidecarOptions,
+    runner: Option<Runner>,
+    /// Results published, and the pod's conditions as last seen.
+    book: ConditionBook,
+    /// Whether views show the pod's conditions (apiserver source), so overwrites can be seen.
+    sees_conditions: bool,
+    status_writers: Vec<StatusWriter>,
+    last_annotation: Option<String>,
+    /// Probes currently running.
+    probes: Vec<ProbeId>,
+    metrics: Metrics,
+    exec: ExecConfig,
+    /// The only writer of the pod's status.
+    writer: ConditionWriter,
+    writer_task: JoinHandle<()>,
+    /// The pod's uid: from `POD_UID`, else from the first view. The writer waits for it.
+    uid: watch::Sender<Option<String>>,
+    events: EventSink,
+    reports: mpsc::Sender<WorkerReport>,
+    repairs: Repairs,
+    stopped: bool,
+}
+
+impl Sidecar {
+    pub(super) fn new(
+        client: &Client,
+        options: SidecarOptions,
+        metrics: Metrics,
+    ) -> (Self, mpsc::Receiver<WorkerReport>) {
+        let identity = &options.identity;
+        let (uid, uid_rx) = watch::channel(identity.uid.clone());
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &identity.namespace);
+        let (writer, writer_task) = ConditionWriter::spawn(
+            pods,
+            identity.name.clone(),
+            uid_rx,
+            WriterConfig {
+                coalesce: options.coalesce,
+                ..WriterConfig::default()
+            },
+            metrics.clone(),
+        );
+        let exec = ExecConfig {
+            mode: options.exec_mode,
+            api: Some(ApiExec::new(
+                client.clone(),
+                &identity.namespace,
+                identity.name.clone(),
+            )),
+        };
+        let (reports, reports_rx) = mpsc::channel(1024);
+        let sidecar = Sidecar {
+            events: event_sink(client, &options),
+            options,
+            runner: None,
+            book: ConditionBook::default(),
+            sees_conditions: false,
+            status_writers: Vec::new(),
+            last_annotation: None,
+            probes: Vec::new(),
+            metrics,
+            exec,
+            writer,
+            writer_task,
+            uid,
+            reports,
+            repairs: Repairs::default(),
+            stopped: false,
+        };
+        (sidecar, reports_rx)
+    }
+
+    /// Probes, writes and repairs until `shutdown`. When the pod's source ends (the pod is
+    /// gone) probing stops and the loop waits for `shutdown` alone.
+    pub(super) async fn run_until(
+        &mut self,
+        views: watch::Receiver<PodView>,
+        mut reports: mpsc::Receiver<WorkerReport>,
+        mut shutdown: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    ) {
+        let mut views = Some(views);
+        let mut refresh =
+            tokio::time::interval(refresh_check_period(self.options.refresh_interval));
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let repair_due = self.repairs.next_due();
+            tokio::select! {
+                view = next_view(&mut views) => match view {
+                    Some(view) => self.on_view(&view),
+                    None => self.stop("the pod was deleted"),
+                },
+                Some(report) = reports.recv() => self.on_report(report),
+                _ = refresh.tick() => self.refresh(),
+                () = sleep_until(repair_due) => self.repair_due(),
+                () = &mut shutdown => return,
+            }
+        }
+    }
+
+    /// Stops probing and gives pending writes up to `flush` to land.
+    pub(super) async fn shut_down(mut self, flush: Duration) {
+        self.stop("shutting down");
+        if !self.writer.flush(flush).await {
+            tracing::warn!("a condition write was still pending at shutdown");
+        }
+        self.writer_task.abort();
+    }
+
+    fn on_view(&mut self, view: &PodView) {
+        if self.stopped {
+            return;
+        }
+        if view.uid.is_some() && self.uid.borrow().is_none() {
+            self.events.set_uid(view.uid.clone());
+            self.uid.send_replace(view.uid.clone());
+        }
+        if view.terminating {
+            self.stop("the pod is terminating; conditions are left as they are");
+            return;
+        }
+        if let Some(conditions) = &view.conditions {
+            self.book.observe(conditions);
+            self.sees_conditions = true;
+            self.status_writers.clone_from(&view.status_writers);
+        }
+        let runner = self.runner(view);
+        for (container, status) in &view.statuses {
+            runner.set_container(container, status.clone());
+        }
+        if view.annotation != self.last_annotation {
+            self.last_annotation = view.annotation.clone();
+            self.apply_annotation(view);
+        }
+        self.metrics.set_ready(true);
+        self.check_conditions(Instant::now());
+    }
+
+    fn runner(&mut self, view: &PodView) -> &mut Runner {
+        self.runner.get_or_insert_with(|| {
+            let host = self
+                .options
+                .pod_ip
+                .clone()
+                .or_else(|| view.pod_ip.clone())
+                .unwrap_or_else(|| "127.0.0.1".into());
+            tracing::info!(%host, exec_mode = %self.options.exec_mode, "network probes aim at {host}; exec probes run in {} mode", self.options.exec_mode);
+            let config = RunnerConfig {
+                timing_defaults: self.options.timing_defaults,
+                host,
+                ..RunnerConfig::default()
+            };
+            Runner::new(
+                Prober::new(self.options.user_agent.clone()).with_exec(self.exec.clone()),
+                config,
+                self.reports.clone(),
+            )
+        })
+    }
+
+    fn apply_annotation(&mut self, view: &PodView) {
+        let Some(value) = &view.annotation else {
+            tracing::info!(
+                "the pod has no {} annotation; nothing to probe",
+                annotation::PODPROBE_ANNOTATION
+            );
+            self.apply(&[], &PodContainers::default());
+            return;
+        };
+        match annotation::parse(value, view.containers.as_ref()) {
+            Ok(set) => {
+                for invalid in &set.invalid {
+                    tracing::warn!("skipping {invalid}");
+                    self.events.invalid(&invalid.to_string());
+                }
+                let containers = view.containers.clone().unwrap_or_default();
+                self.apply(&set.probes, &containers);
+            }
+            Err(e) => {
+                tracing::error!("{e}; the last good probe set keeps running");
+                self.events.invalid(&e.to_string());
+            }
+        }
+    }
+
+    fn apply(&mut self, probes: &[annotation::ProbeSpec], containers: &PodContainers) {
+        let Some(runner) = self.runner.as_mut() else {
+            return;
+        };
+        let applied = runner.apply(probes, containers);
+        if applied.started.len() + applied.restarted.len() + applied.stopped.len() > 0 {
+            tracing::info!(
+                started = ?applied.started,
+                restarted = ?applied.restarted,
+                stopped = ?applied.stopped,
+                "probe set updated ({} running)",
+                runner.len()
+            );
+        }
+        let previous =
+            std::mem::replace(&mut self.probes, probes.iter().map(ProbeId::of).collect());
+        for probe in previous
+            .iter()
+            .filter(|p| applied.stopped.contains(&p.condition_type))
+        {
+            self.metrics.forget(probe);
+        }
+        for condition_type in &applied.stopped {
+            self.book.forget(condition_type);
+            self.repairs.forget(condition_type);
+            if self.options.prune_conditions {
+                // Through the writer, so a result still waiting there cannot bring it back.
+                self.writer.delete(condition_type);
+                tracing::info!(condition = %condition_type, "pruning the condition of a removed probe");
+            }
+        }
+    }
+
+    fn on_report(&mut self, report: WorkerReport) {
+        // A report still queued from a probe that has since been removed is not news.
+        if self.stopped || !self.probes.contains(report.probe()) {
+            return;
+        }
+        match report {
+            WorkerReport::Transition(t) => {
+                self.metrics.state(&t.probe, t.state);
+                tracing::info!(
+                    probe = %t.probe.name,
+                    condition = %t.probe.condition_type,
+                    state = %t.state,
+                    message = %t.message,
+                    "probe result changed"
+                );
+                self.events.transition(&t);
+                if let Some(condition) = self.book.record(&t) {
+                    self.writer.submit(condition);
+                }
+            }
+            WorkerReport::Attempted {
+                probe,
+                outcome,
+                duration,
+            } => {
+                let result = match outcome {
+                    crate::probe::Outcome::Succeeded => "succeeded",
+                    crate::probe::Outcome::Failed => "failed",
+                };
+                self.metrics.attempt(&probe, result, Some(duration));
+            }
+            WorkerReport::Errored { probe, error, .. } => {
+                self.metrics.attempt(&probe, "errored", None);
+                tracing::warn!(probe = %probe.name, condition = %probe.condition_type, "probe attempt errored, state unchanged: {error}");
+                self.events
+                    .errored(&probe.condition_type, &probe.name, &error);
+            }
+        }
+    }
+
+    /// The `--refresh-interval` heartbeat of `lastProbeTime`.
+    fn refresh(&mut self) {
+        if self.stopped || self.options.refresh_interval.is_zero() {
+            return;
+        }
+        let now = jiff::Timestamp::now();
+        for probe in &self.probes {
+            let interval = self.options.refresh_interval;
+            if let Some(c) = self.book.refresh(&probe.condition_type, now, interval) {
+                self.writer.submit(c);
+            }
+        }
+    }
+
+    /// Compares every owned condition with the pod as last seen; schedules repairs.
+    fn check_conditions(&mut self, now: Instant) {
+        let types: Vec<String> = self
+            .probes
+            .iter()
+            .map(|p| p.condition_type.clone())
+            .collect();
+        for condition_type in types {
+            self.check_condition(&condition_type, now);
+        }
+    }
+
+    fn check_condition(&mut self, condition_type: &str, now: Instant) {
+        if self.stopped || !self.sees_conditions || self.book.get(condition_type).is_none() {
+            return;
+        }
+        let seen = match self.book.drifted(condition_type) {
+            Some(_) => Seen::Drifted,
+            None => Seen::Published,
+        };
+        let writing = Writing {
+            busy: self.writer.is_busy(condition_type),
+            written_at: self.writer.written_at(condition_type),
+        };
+        let Some(overwrite) = self.repairs.observe(condition_type, seen, writing, now) else {
+            return;
+        };
+        self.metrics.overwritten(condition_type);
+        let who = changed_by(&self.status_writers, condition_type);
+        let wait = overwrite.repair_at.duration_since(now);
+        if overwrite.streak == 1 {
+            tracing::warn!(condition = %condition_type, changed_by = %who,
+                "another writer ({who}) removed or changed condition {condition_type}; writing it back in {wait:?}");
+            self.events.overwritten(condition_type, &who);
+        } else {
+            tracing::debug!(condition = %condition_type, changed_by = %who, streak = overwrite.streak,
+                "condition {condition_type} overwritten again; writing it back in {wait:?}");
+        }
+    }
+
+    fn repair_due(&mut self) {
+        let now = Instant::now();
+        let (repair, recheck) = self.repairs.take_due(now);
+        for condition_type in repair {
+            if self.stopped || self.writer.is_busy(&condition_type) {
+                continue;
+            }
+            if let Some(condition) = self.book.drifted(&condition_type) {
+                self.writer.submit(condition.clone());
+            }
+        }
+        for condition_type in recheck {
+            self.check_condition(&condition_type, now);
+        }
+    }
+
+    fn stop(&mut self, why: &str) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        self.metrics.set_ready(false);
+        if let Some(runner) = self.runner.as_mut() {
+            runner.stop_all();
+        }
+        tracing::info!("stopped probing: {why}");
+    }
+}
+
+/// The next view, or `None` once when the source ends; after that, never (the sender is gone
+/// for good, and polling a closed channel again would return at once, forever).
+async fn next_view(views: &mut Option<watch::Receiver<PodView>>) -> Option<PodView> {
+    let Some(receiver) = views else {
+        return std::future::pending().await;
+    };
+    if receiver.changed().await.is_err() {
+        *views = None;
+        return None;
+    }
+    Some(receiver.borrow_and_update().clone())
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Who changed a condition, as far as `managedFields` tell: the status writer that owns its
+/// entry, else the latest status writer other than podprobe.
+fn changed_by(writers: &[StatusWriter], condition_type: &str) -> String {
+    let others = writers.iter().filter(|w| w.manager != FIELD_MANAGER);
+    let owner = others
+        .clone()
+        .find(|w| w.condition_types.contains(condition_type));
+    owner
+        .or_else(|| others.max_by_key(|w| w.time))
+        .map(|w| w.manager.clone())
+        .unwrap_or_else(|| "unknown".into())
+}

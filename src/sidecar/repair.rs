@@ -1,0 +1,271 @@
+//! When another writer changes or removes a condition podprobe published, put it back, without
+//! ever fighting that writer in a hot loop.
+//!
+//! virtual-kubelet providers and syncers replace the whole pod status (`UpdateStatus`), which
+//! drops podprobe's conditions; to kruise-manager a missing condition means a missing or stale
+//! marker. Each owned condition is compared with every pod view. A view can predate podprobe's
+//! own last write (the watch delivers in order, but the write's answer can arrive before the
+//! events preceding it), so after a write a mismatch counts only once a view has confirmed that
+//! write, or [`CONFIRM_GRACE`] has passed. The first overwrite is repaired at once; each further
+//! one within [`QUIET`] of the previous repair doubles the wait, up to [`MAX_DELAY`].
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How long a mismatching view may be one written before podprobe's own last write.
+pub const CONFIRM_GRACE: Duration = Duration::from_secs(5);
+/// An overwrite this long after the last repair starts a new streak (repaired at once again).
+pub const QUIET: Duration = Duration::from_secs(60);
+/// The longest wait before repairing a condition that keeps being overwritten.
+pub const MAX_DELAY: Duration = Duration::from_secs(300);
+
+/// What the latest view says about one owned condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// Status and message are what podprobe published.
+    Published,
+    /// Missing, or another status or message.
+    Drifted,
+}
+
+/// What podprobe's own writer is doing with the condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Writing {
+    /// A write is pending or on the wire: it will set the condition anyway.
+    pub busy: bool,
+    /// When the apiserver last accepted a write of it (`None`: never).
+    pub written_at: Option<Instant>,
+}
+
+/// A new overwrite, found in a view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overwrite {
+    /// Overwrites in a row, this one included (1 = the first of a streak).
+    pub streak: u32,
+    /// When the condition will be written back.
+    pub repair_at: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// Look again at the latest view (a mismatch was held back as possibly stale).
+    Recheck,
+    /// Write the published condition back.
+    Repair,
+}
+
+#[derive(Debug, Default)]
+struct Track {
+    /// The `written_at` a view has confirmed.
+    confirmed: Option<Instant>,
+    streak: u32,
+    /// When the last overwrite was (or is to be) written back.
+    last_repair: Option<Instant>,
+    due: Option<(Instant, Due)>,
+}
+
+/// Per owned condition type: confirmation of podprobe's writes, overwrite streaks, repairs due.
+#[derive(Debug, Default)]
+pub struct Repairs {
+    by_type: HashMap<String, Track>,
+}
+
+impl Repairs {
+    /// Takes in what a view (or a recheck of the latest one) shows of `condition_type`;
+    /// returns the overwrite it reveals, if it reveals one.
+    pub fn observe(
+        &mut self,
+        condition_type: &str,
+        seen: Seen,
+        writing: Writing,
+        now: Instant,
+    ) -> Option<Overwrite> {
+        let track = self.by_type.entry(condition_type.to_owned()).or_default();
+        if writing.busy {
+            track.due = None;
+            return None;
+        }
+        if seen == Seen::Published {
+            track.confirmed = writing.written_at;
+            track.due = None;
+            return None;
+        }
+        if matches!(track.due, Some((_, Due::Repair))) {
+            return None;
+        }
+        if let Some(written_at) = writing.written_at
+            && track.confirmed != Some(written_at)
+            && now < written_at + CONFIRM_GRACE
+        {
+            track.due = Some((written_at + CONFIRM_GRACE, Due::Recheck));
+            return None;
+        }
+        // Measured from the last repair, not the last overwrite, so a streak survives waits
+        // longer than QUIET.
+        let recent = track
+            .last_repair
+            .is_some_and(|last| now.saturating_duration_since(last) < QUIET);
+        track.streak = if recent { track.streak + 1 } else { 1 };
+        let repair_at = now + delay(track.streak);
+        track.last_repair = Some(repair_at);
+        track.due = Some((repair_at, Due::Repair));
+        Some(Overwrite {
+            streak: track.streak,
+            repair_at,
+        })
+    }
+
+    /// The earliest instant something is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.by_type
+            .values()
+            .filter_map(|t| t.due.map(|(at, _)| at))
+            .min()
+    }
+
+    /// Takes what is due at `now`: (types to write back, types to look at again).
+    pub fn take_due(&mut self, now: Instant) -> (Vec<String>, Vec<String>) {
+        let (mut repair, mut recheck) = (Vec::new(), Vec::new());
+        for (condition_type, track) in &mut self.by_type {
+            match track.due {
+                Some((at, Due::Repair)) if at <= now => repair.push(condition_type.clone()),
+                Some((at, Due::Recheck)) if at <= now => recheck.push(condition_type.clone()),
+                _ => continue,
+            }
+            track.due = None;
+        }
+        (repair, recheck)
+    }
+
+    /// A probe left the annotation: its condition is no longer podprobe's to keep.
+    pub fn forget(&mut self, condition_type: &str) {
+        self.by_type.remove(condition_type);
+    }
+}
+
+/// Wait before repairing the `streak`-th overwrite in a row: none for the first, then 1 s,
+/// doubling, at most [`MAX_DELAY`].
+fn delay(streak: u32) -> Duration {
+    match streak {
+        0 | 1 => Duration::ZERO,
+        n => Duration::from_secs(1u64 << (n - 2).min(16)).min(MAX_DELAY),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const C: &str = "game.kruise.io/idle";
+
+    fn idle(written_at: Option<Instant>) -> Writing {
+        Writing {
+            busy: false,
+            written_at,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_condition_never_written_here_is_repaired_at_once() {
+        let mut repairs = Repairs::default();
+        let now = Instant::now();
+        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        assert_eq!(found.streak, 1);
+        assert_eq!(found.repair_at, now);
+        assert_eq!(repairs.take_due(now), (vec![C.to_owned()], vec![]));
+        assert_eq!(repairs.next_due(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_view_from_before_our_write_waits_for_confirmation() {
+        let mut repairs = Repairs::default();
+        let written = Instant::now();
+        // A stale view right after our write: not an overwrite, only a recheck later.
+        assert_eq!(
+            repairs.observe(C, Seen::Drifted, idle(Some(written)), written),
+            None
+        );
+        assert_eq!(repairs.next_due(), Some(written + CONFIRM_GRACE));
+        // The view of our own write confirms it and cancels the recheck.
+        assert_eq!(
+            repairs.observe(C, Seen::Published, idle(Some(written)), written),
+            None
+        );
+        assert_eq!(repairs.next_due(), None);
+        // From then on a mismatch is an overwrite, even within the grace.
+        let found = repairs
+            .observe(C, Seen::Drifted, idle(Some(written)), written)
+            .unwrap();
+        assert_eq!(found.streak, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unconfirmed_write_counts_as_overwritten_after_the_grace() {
+        let mut repairs = Repairs::default();
+        let written = Instant::now();
+        assert_eq!(
+            repairs.observe(C, Seen::Drifted, idle(Some(written)), written),
+            None
+        );
+        let later = written + CONFIRM_GRACE;
+        assert_eq!(repairs.take_due(later), (vec![], vec![C.to_owned()]));
+        assert!(
+            repairs
+                .observe(C, Seen::Drifted, idle(Some(written)), later)
+                .is_some()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_due_while_our_own_write_is_on_its_way() {
+        let mut repairs = Repairs::default();
+        let now = Instant::now();
+        repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        let busy = Writing {
+            busy: true,
+            written_at: None,
+        };
+        assert_eq!(repairs.observe(C, Seen::Drifted, busy, now), None);
+        assert_eq!(repairs.next_due(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn repeated_overwrites_back_off_and_a_quiet_minute_resets() {
+        let mut repairs = Repairs::default();
+        let mut now = Instant::now();
+        let mut waits = Vec::new();
+        for _ in 0..12 {
+            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+            waits.push(found.repair_at.duration_since(now).as_secs());
+            now = found.repair_at;
+            assert_eq!(repairs.take_due(now).0, vec![C.to_owned()]);
+        }
+        assert_eq!(waits, [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        // Already scheduled: a second look at the same mismatch is not a new overwrite.
+        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        assert_eq!(repairs.observe(C, Seen::Drifted, idle(None), now), None);
+        assert_eq!(repairs.take_due(found.repair_at).0, vec![C.to_owned()]);
+        let quiet = found.repair_at + QUIET;
+        let found = repairs
+            .observe(C, Seen::Drifted, idle(None), quiet)
+            .unwrap();
+        assert_eq!((found.streak, found.repair_at), (1, quiet));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restored_condition_cancels_the_repair() {
+        let mut repairs = Repairs::default();
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        repairs.take_due(now);
+        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        assert_eq!(found.repair_at, later);
+        repairs.observe(C, Seen::Published, idle(None), now);
+        assert_eq!(repairs.next_due(), None);
+        repairs.forget(C);
+        assert!(repairs.by_type.is_empty());
+    }
+}
