@@ -184,62 +184,84 @@ fn merge_list(
             }
             Ok(orig)
         }
-        ListStrategy::MergeByKey(key) => {
-            // `[{"$patch": "replace"}, ...]` replaces the whole list.
-            if patch
-                .iter()
-                .any(|e| e.get("$patch").and_then(Value::as_str) == Some("replace"))
-            {
-                return Ok(patch
-                    .iter()
-                    .filter(|e| e.get("$patch").is_none())
-                    .cloned()
-                    .collect());
-            }
-            let server_order: Vec<Value> =
-                orig.iter().filter_map(|o| o.get(key).cloned()).collect();
-            for pe in patch {
-                let Value::Object(pm) = pe else {
-                    return Err(bad(format!(
-                        "strategic merge patch: element of {} is not an object",
-                        path.join(".")
-                    )));
-                };
-                let Some(kv) = pm.get(key) else {
-                    return Err(bad(format!(
-                        "map: {pm:?} does not contain declared merge key: {key}"
-                    )));
-                };
-                let pos = orig.iter().position(|o| o.get(key) == Some(kv));
-                let delete = pm.get("$patch").and_then(Value::as_str) == Some("delete");
-                match (pos, delete) {
-                    (Some(i), true) => {
-                        orig.remove(i);
-                    }
-                    (None, true) => {}
-                    (Some(i), false) => {
-                        let o = match orig[i].take() {
-                            Value::Object(o) => o,
-                            _ => Map::new(),
-                        };
-                        match merge_map(kind, path, o, pm)? {
-                            Some(m) => orig[i] = Value::Object(m),
-                            None => {
-                                orig.remove(i);
-                            }
-                        }
-                    }
-                    (None, false) => {
-                        if let Some(m) = merge_map(kind, path, Map::new(), pm)? {
-                            orig.push(Value::Object(m));
-                        }
-                    }
+        ListStrategy::MergeByKey(key) => merge_by_key(kind, path, key, orig, patch),
+    }
+}
+
+/// A list of objects merged element by element: patch elements meet the
+/// original elements with the same value under `key`.
+fn merge_by_key(
+    kind: &str,
+    path: &mut Vec<String>,
+    key: &str,
+    mut orig: Vec<Value>,
+    patch: &[Value],
+) -> Result<Vec<Value>, ApiError> {
+    // `[{"$patch": "replace"}, ...]` replaces the whole list.
+    if patch
+        .iter()
+        .any(|e| e.get("$patch").and_then(Value::as_str) == Some("replace"))
+    {
+        return Ok(patch
+            .iter()
+            .filter(|e| e.get("$patch").is_none())
+            .cloned()
+            .collect());
+    }
+    let server_order: Vec<Value> = orig.iter().filter_map(|o| o.get(key).cloned()).collect();
+    for pe in patch {
+        merge_element(kind, path, key, &mut orig, pe)?;
+    }
+    let patch_order: Vec<&Value> = patch.iter().filter_map(|p| p.get(key)).collect();
+    Ok(element_order(orig, key, &patch_order, &server_order))
+}
+
+/// One patch element into the list: deleted (`$patch: delete`), merged into
+/// the element with its key (which goes if the merge deletes it), or appended.
+fn merge_element(
+    kind: &str,
+    path: &mut Vec<String>,
+    key: &str,
+    orig: &mut Vec<Value>,
+    pe: &Value,
+) -> Result<(), ApiError> {
+    let Value::Object(pm) = pe else {
+        return Err(bad(format!(
+            "strategic merge patch: element of {} is not an object",
+            path.join(".")
+        )));
+    };
+    let Some(kv) = pm.get(key) else {
+        return Err(bad(format!(
+            "map: {pm:?} does not contain declared merge key: {key}"
+        )));
+    };
+    let pos = orig.iter().position(|o| o.get(key) == Some(kv));
+    let delete = pm.get("$patch").and_then(Value::as_str) == Some("delete");
+    match (pos, delete) {
+        (Some(i), true) => {
+            orig.remove(i);
+        }
+        (None, true) => {}
+        (Some(i), false) => {
+            let o = match orig[i].take() {
+                Value::Object(o) => o,
+                _ => Map::new(),
+            };
+            match merge_map(kind, path, o, pm)? {
+                Some(m) => orig[i] = Value::Object(m),
+                None => {
+                    orig.remove(i);
                 }
             }
-            let patch_order: Vec<&Value> = patch.iter().filter_map(|p| p.get(key)).collect();
-            Ok(element_order(orig, key, &patch_order, &server_order))
+        }
+        (None, false) => {
+            if let Some(m) = merge_map(kind, path, Map::new(), pm)? {
+                orig.push(Value::Object(m));
+            }
         }
     }
+    Ok(())
 }
 
 /// The order kube-apiserver gives a merged list (apimachinery's `normalizeElementOrder` and

@@ -4,10 +4,17 @@
 
 use serde_json::{Value, json};
 
-use super::{Endpoint, Verb, meta, meta_mut, meta_str, pod_spec_normalized};
+use super::{Endpoint, EventType, Store, finalizers_empty, meta, meta_mut, meta_str};
 use crate::error::ApiError;
 use crate::resources::{self, ResourceDef};
 use crate::validation::{self, FieldError};
+
+/// How a write arrived: its body uid is a precondition for PUT only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verb {
+    Put,
+    Patch,
+}
 
 /// Metadata fields the server keeps from the stored object whatever a write says.
 const SYSTEM_METADATA: [&str; 8] = [
@@ -21,8 +28,89 @@ const SYSTEM_METADATA: [&str; 8] = [
     "resourceVersion",
 ];
 
+impl Store {
+    /// PUT or PATCH result: store `new` over the existing object, applying
+    /// the rules of the endpoint it came through.
+    pub fn update(
+        &self,
+        r: &ResourceDef,
+        ns: &str,
+        name: &str,
+        new: Value,
+        endpoint: Endpoint,
+    ) -> Result<Value, ApiError> {
+        self.write(r, ns, name, endpoint, Verb::Put, |_| Ok(new))
+    }
+
+    /// PATCH (or any read-modify-write): `f` computes the new object from
+    /// the stored one, atomically; then the rules of [`update`](Self::update)
+    /// apply.
+    pub fn patch(
+        &self,
+        r: &ResourceDef,
+        ns: &str,
+        name: &str,
+        endpoint: Endpoint,
+        f: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        self.write(r, ns, name, endpoint, Verb::Patch, f)
+    }
+
+    /// The update rules over the stored object and `f`'s new one, then the
+    /// write; a write that ends a deletion (no finalizers left and, for a pod,
+    /// a grace period of 0) deletes the object.
+    fn write(
+        &self,
+        r: &ResourceDef,
+        ns: &str,
+        name: &str,
+        endpoint: Endpoint,
+        verb: Verb,
+        f: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let mut g = self.lock();
+        let key = Self::key(r, ns, name);
+        let old = g
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
+        let mut new = f(&old)?;
+        Self::check_type(r, &mut new)?;
+        let rules = Rules {
+            r,
+            ns,
+            name,
+            endpoint,
+            verb,
+        };
+        rules.check_name(&new)?;
+        rules.check_preconditions(&old, &new)?;
+        rules.reset_for_endpoint(&old, &mut new);
+        keep_system_metadata(&old, &mut new);
+        rules.check_finalizers(&old, &new)?;
+        rules.validate(&old, &new)?;
+        rules.bump_generation(&old, &mut new);
+        // A write that changes nothing is not a write: no new
+        // resourceVersion, no watch event (as etcd's GuaranteedUpdate).
+        if new == old {
+            return Ok(old);
+        }
+        let deleting = meta(&new).get("deletionTimestamp").is_some();
+        let grace_done = meta(&new)
+            .get("deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            == 0;
+        if deleting && finalizers_empty(&new) && (!r.is_pod() || grace_done) {
+            return Ok(self.emit(&mut g, r, EventType::Deleted, new, None));
+        }
+        Ok(self.emit(&mut g, r, EventType::Modified, new, Some(old)))
+    }
+}
+
 /// One write's target and how it arrived.
-pub(super) struct Rules<'a> {
+struct Rules<'a> {
     pub r: &'a ResourceDef,
     pub ns: &'a str,
     pub name: &'a str,
@@ -210,7 +298,7 @@ impl Rules<'_> {
 }
 
 /// The metadata the system owns comes from the stored object.
-pub(super) fn keep_system_metadata(old: &Value, new: &mut Value) {
+fn keep_system_metadata(old: &Value, new: &mut Value) {
     let stored = meta(old).clone();
     let m = meta_mut(new);
     for field in SYSTEM_METADATA {
@@ -219,6 +307,31 @@ pub(super) fn keep_system_metadata(old: &Value, new: &mut Value) {
             None => m.remove(field),
         };
     }
+}
+
+/// What a pod spec update may change on the real server (roughly): images,
+/// activeDeadlineSeconds, tolerations and terminationGracePeriodSeconds.
+fn pod_spec_normalized(spec: &Value) -> Value {
+    let mut s = spec.clone();
+    if let Some(m) = s.as_object_mut() {
+        for f in [
+            "activeDeadlineSeconds",
+            "tolerations",
+            "terminationGracePeriodSeconds",
+        ] {
+            m.remove(f);
+        }
+        for list in ["containers", "initContainers", "ephemeralContainers"] {
+            if let Some(Value::Array(cs)) = m.get_mut(list) {
+                for c in cs {
+                    if let Some(c) = c.as_object_mut() {
+                        c.remove("image");
+                    }
+                }
+            }
+        }
+    }
+    s
 }
 
 /// `new[field]` as stored in `old` (absent if absent there).
