@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
-use serde_json::json;
-use support::real::RealCluster;
+use support::real::{ProbedPod, RealCluster};
 use support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -49,30 +48,20 @@ fn overwrites(text: &str, condition_type: &str) -> u64 {
             l.starts_with("podprobe_condition_overwrites_total")
                 && l.contains(&format!("condition=\"{condition_type}\""))
         })
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_or_changed_condition_is_written_back_and_the_other_writer_named() {
     let cluster = RealCluster::start().await;
-    let flag = cluster.dir.path().join("idle");
-    std::fs::write(&flag, "idle").unwrap();
-    let pod = cluster
-        .create_pod(
-            "gs-o",
-            &array(&[file_probe("idle", IDLE, &flag)]),
-            json!([]),
-        )
-        .await;
-    let port = free_port();
-    let sidecar = cluster
-        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .await;
-    let published = cluster
-        .wait_pod("gs-o", LIMIT, |p| has_status(p, IDLE, "True"))
-        .await;
-    let published = condition(&published, IDLE).unwrap().clone();
+    let ProbedPod {
+        pod,
+        sidecar,
+        metrics_port: port,
+        ..
+    } = cluster.probed_pod("gs-o", IDLE).await;
+    let published = condition(&pod, IDLE).unwrap().clone();
 
     // The whole status replaced by one without podprobe's condition.
     let removed = Instant::now();
@@ -100,7 +89,7 @@ async fn a_removed_or_changed_condition_is_written_back_and_the_other_writer_nam
     .await;
     cluster
         .wait_pod("gs-o", LIMIT, |p| {
-            condition(p, IDLE).is_some_and(|c| c.message.as_deref() == Some("idle"))
+            condition(p, IDLE).is_some_and(|c| c.message.as_deref() == Some("up"))
         })
         .await;
 
@@ -122,22 +111,9 @@ async fn a_removed_or_changed_condition_is_written_back_and_the_other_writer_nam
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_keeps_removing_a_condition_is_not_fought_in_a_hot_loop() {
     let cluster = RealCluster::start().await;
-    let flag = cluster.dir.path().join("idle");
-    std::fs::write(&flag, "idle").unwrap();
-    let pod = cluster
-        .create_pod(
-            "gs-f",
-            &array(&[file_probe("idle", IDLE, &flag)]),
-            json!([]),
-        )
-        .await;
-    let port = free_port();
-    let _sidecar = cluster
-        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .await;
-    cluster
-        .wait_pod("gs-f", LIMIT, |p| has_status(p, IDLE, "True"))
-        .await;
+    let ProbedPod {
+        metrics_port: port, ..
+    } = cluster.probed_pod("gs-f", IDLE).await;
     let writes_before = cluster.sidecar_status_writes("gs-f").len();
 
     // A writer that removes the condition as soon as it sees it, for a fixed window. Fought

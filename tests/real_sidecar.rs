@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use podprobe::demo::{GamePort, serve_health};
 use serde_json::json;
-use support::real::{RealCluster, SIDECAR_SA};
+use support::real::{ProbedPod, RealCluster, SIDECAR_SA};
 use support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -408,18 +408,11 @@ async fn a_deleted_pod_is_a_404_to_a_token_not_bound_to_it_and_the_sidecar_says_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_its_pod_is_deleted_the_sidecar_idles_unready_until_sigterm() {
     let cluster = RealCluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-x", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
-    let port = free_port();
-    let mut sidecar = cluster
-        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .await;
-    cluster
-        .wait_pod("gs-x", LIMIT, |p| has_status(p, "c/p", "True"))
-        .await;
+    let ProbedPod {
+        mut sidecar,
+        metrics_port: port,
+        ..
+    } = cluster.probed_pod("gs-x", "c/p").await;
     assert_eq!(status_code(port, "/readyz").await, Some(200));
 
     cluster.delete_now("gs-x").await;
@@ -449,18 +442,12 @@ async fn after_its_pod_is_deleted_the_sidecar_idles_unready_until_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminating_pod_is_no_longer_probed_and_sigterm_exits_0() {
     let cluster = RealCluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-d", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
-    let port = free_port();
-    let mut sidecar = cluster
-        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
-        .await;
-    cluster
-        .wait_pod("gs-d", LIMIT, |p| has_status(p, "c/p", "True"))
-        .await;
+    let ProbedPod {
+        mut sidecar,
+        metrics_port: port,
+        flag,
+        ..
+    } = cluster.probed_pod("gs-d", "c/p").await;
 
     // A graceful delete of a pod on a node: the real apiserver keeps it, with a
     // deletionTimestamp, until the kubelet confirms.

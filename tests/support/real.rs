@@ -19,6 +19,16 @@ use super::{NS, Sidecar, game_pod, long_ago, running_status, start_sidecar, wait
 /// The sidecar's ServiceAccount in `examples/sidecar-by-hand.yaml`.
 pub const SIDECAR_SA: &str = "podprobe-sidecar";
 
+/// What [`RealCluster::probed_pod`] set up.
+pub struct ProbedPod {
+    /// The pod once its condition was `True`.
+    pub pod: Pod,
+    pub sidecar: Sidecar,
+    pub metrics_port: u16,
+    /// The probe succeeds while this file exists (its content is the message).
+    pub flag: PathBuf,
+}
+
 pub struct RealCluster {
     pub cp: ControlPlane,
     pub dir: tempfile::TempDir,
@@ -109,6 +119,30 @@ impl RealCluster {
             .await
             .expect("pod-bound token");
         self.sidecar_with_token(pod.metadata.name.as_deref().unwrap(), &token, extra)
+    }
+
+    /// Pod `name` with one probe (`podConditionType` `condition_type`) reading a flag file
+    /// that says "up", its sidecar serving metrics, once the condition is `True`.
+    pub async fn probed_pod(&self, name: &str, condition_type: &str) -> ProbedPod {
+        let flag = self.dir.path().join(format!("{name}.flag"));
+        std::fs::write(&flag, "up").unwrap();
+        let annotation = super::array(&[super::file_probe("p", condition_type, &flag)]);
+        let pod = self.create_pod(name, &annotation, json!([])).await;
+        let port = super::free_port();
+        let sidecar = self
+            .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
+            .await;
+        let pod = self
+            .wait_pod(name, Duration::from_secs(60), |p| {
+                super::has_status(p, condition_type, "True")
+            })
+            .await;
+        ProbedPod {
+            pod,
+            sidecar,
+            metrics_port: port,
+            flag,
+        }
     }
 
     /// `podprobe run` for pod `name` authenticating with `token`.

@@ -61,10 +61,12 @@ pub struct Manager {
     tasks: Vec<JoinHandle<()>>,
 }
 
-async fn bind(addr: SocketAddr) -> Result<TcpListener, RunError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| RunError::Listen { addr, source })
+/// Listens on `addr`; returns the listener and the bound address (port 0 picks one).
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), RunError> {
+    let listen_error = |source| RunError::Listen { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(listen_error)?;
+    let bound = listener.local_addr().map_err(listen_error)?;
+    Ok((listener, bound))
 }
 
 /// Serves the webhooks on `addr`; returns the bound address (port 0 picks one).
@@ -75,10 +77,7 @@ async fn serve_webhooks(
     shutdown: &CancellationToken,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<SocketAddr, RunError> {
-    let listener = bind(addr).await?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| RunError::Listen { addr, source })?;
+    let (listener, bound) = bind(addr).await?;
     tasks.push(tokio::spawn(webhook::serve(
         listener,
         tls.server_config(),
@@ -96,10 +95,7 @@ async fn serve_endpoints(
     shutdown: &CancellationToken,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<SocketAddr, RunError> {
-    let listener = bind(addr).await?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| RunError::Listen { addr, source })?;
+    let (listener, bound) = bind(addr).await?;
     tasks.push(tokio::spawn(metrics::serve(
         listener,
         metrics,
