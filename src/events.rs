@@ -121,10 +121,10 @@ impl EventSink {
 
     /// Another writer removed or changed a condition; at most one event per condition per
     /// interval.
-    pub fn overwritten(&mut self, condition_type: &str, changed_by: &str) {
+    pub fn overwritten(&mut self, condition_type: &str, writer: &str) {
         if self.allow(format!("overwritten/{condition_type}")) {
             let note = format!(
-                "condition {condition_type} was removed or changed by another writer ({changed_by}); podprobe writes it back"
+                "{writer} removed or changed condition {condition_type}; podprobe writes it back"
             );
             self.publish(
                 EventType::Warning,

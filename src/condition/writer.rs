@@ -86,6 +86,8 @@ struct State {
     parked: Writes,
     /// Types of the patch on the wire.
     in_flight: BTreeSet<String>,
+    /// When the last write of each type was queued.
+    queued_at: BTreeMap<String, Instant>,
     /// When the last accepted patch of each type came back.
     written_at: BTreeMap<String, Instant>,
 }
@@ -110,6 +112,7 @@ impl State {
 
     fn queue(&mut self, write: ConditionWrite) {
         let kind = write.condition_type().to_owned();
+        self.queued_at.insert(kind.clone(), Instant::now());
         self.parked.remove(&kind);
         self.pending.insert(kind, write);
     }
@@ -208,6 +211,11 @@ impl ConditionWriter {
         state.pending.contains_key(condition_type)
             || state.parked.contains_key(condition_type)
             || state.in_flight.contains(condition_type)
+    }
+
+    /// When the last write of `condition_type` was queued (`None`: never).
+    pub fn queued_at(&self, condition_type: &str) -> Option<Instant> {
+        self.lock().queued_at.get(condition_type).copied()
     }
 
     /// When the apiserver last accepted a write of `condition_type` (`None`: never).

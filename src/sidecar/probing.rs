@@ -314,21 +314,25 @@ impl Sidecar {
         };
         let writing = Writing {
             busy: self.writer.is_busy(condition_type),
+            queued_at: self.writer.queued_at(condition_type),
             written_at: self.writer.written_at(condition_type),
         };
         let Some(overwrite) = self.repairs.observe(condition_type, seen, writing, now) else {
             return;
         };
         self.metrics.overwritten(condition_type);
-        let who = changed_by(&self.status_writers, condition_type);
+        let who = match changed_by(&self.status_writers, condition_type) {
+            Some(manager) => format!("another writer ({manager})"),
+            None => "another writer (managedFields do not say which)".to_owned(),
+        };
         let wait = overwrite.repair_at.duration_since(now);
         if overwrite.streak == 1 {
-            tracing::warn!(condition = %condition_type, changed_by = %who,
-                "another writer ({who}) removed or changed condition {condition_type}; writing it back in {wait:?}");
+            tracing::warn!(condition = %condition_type,
+                "{who} removed or changed condition {condition_type}; writing it back in {wait:?}");
             self.events.overwritten(condition_type, &who);
         } else {
-            tracing::debug!(condition = %condition_type, changed_by = %who, streak = overwrite.streak,
-                "condition {condition_type} overwritten again; writing it back in {wait:?}");
+            tracing::debug!(condition = %condition_type, streak = overwrite.streak,
+                "condition {condition_type} overwritten again by {who}; writing it back in {wait:?}");
         }
     }
 
@@ -381,15 +385,12 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Who changed a condition, as far as `managedFields` tell: the status writer that owns its
-/// entry, else the latest status writer other than podprobe.
-fn changed_by(writers: &[StatusWriter], condition_type: &str) -> String {
-    let others = writers.iter().filter(|w| w.manager != FIELD_MANAGER);
-    let owner = others
-        .clone()
-        .find(|w| w.condition_types.contains(condition_type));
-    owner
-        .or_else(|| others.max_by_key(|w| w.time))
+/// Who changed a condition, where `managedFields` tell: the status manager, other than podprobe,
+/// that owns a field of its entry. A removed entry is owned by no one, so a removal is not told.
+fn changed_by(writers: &[StatusWriter], condition_type: &str) -> Option<String> {
+    writers
+        .iter()
+        .filter(|w| w.manager != FIELD_MANAGER && w.condition_types.contains(condition_type))
+        .max_by_key(|w| w.time)
         .map(|w| w.manager.clone())
-        .unwrap_or_else(|| "unknown".into())
 }

@@ -5,9 +5,11 @@
 //! drops podprobe's conditions; to kruise-manager a missing condition means a missing or stale
 //! marker. Each owned condition is compared with every pod view. A view can predate podprobe's
 //! own last write (the watch delivers in order, but the write's answer can arrive before the
-//! events preceding it), so after a write a mismatch counts only once a view has confirmed that
-//! write, or [`CONFIRM_GRACE`] has passed. The first overwrite is repaired at once; each further
-//! one within [`QUIET`] of the previous repair doubles the wait, up to [`MAX_DELAY`].
+//! events preceding it). Once a view has shown the published condition after the write was
+//! queued, every later view is newer than the write; until then a mismatch counts only after
+//! [`CONFIRM_GRACE`]. A mismatch seen while a write is on its way is looked at again
+//! [`RECHECK`] later. The first overwrite is repaired at once; each further one within [`QUIET`]
+//! of the previous repair doubles the wait, up to [`MAX_DELAY`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -16,6 +18,8 @@ use tokio::time::Instant;
 
 /// How long a mismatching view may be one written before podprobe's own last write.
 pub const CONFIRM_GRACE: Duration = Duration::from_secs(5);
+/// When a mismatch seen while podprobe's own write is on its way is looked at again.
+pub const RECHECK: Duration = Duration::from_secs(1);
 /// An overwrite this long after the last repair starts a new streak (repaired at once again).
 pub const QUIET: Duration = Duration::from_secs(60);
 /// The longest wait before repairing a condition that keeps being overwritten.
@@ -31,10 +35,12 @@ pub enum Seen {
 }
 
 /// What podprobe's own writer is doing with the condition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Writing {
     /// A write is pending or on the wire: it will set the condition anyway.
     pub busy: bool,
+    /// When the last write of it was queued (`None`: never).
+    pub queued_at: Option<Instant>,
     /// When the apiserver last accepted a write of it (`None`: never).
     pub written_at: Option<Instant>,
 }
@@ -58,8 +64,8 @@ enum Due {
 
 #[derive(Debug, Default)]
 struct Track {
-    /// The `written_at` a view has confirmed.
-    confirmed: Option<Instant>,
+    /// When a view last showed the published condition.
+    published_seen: Option<Instant>,
     streak: u32,
     /// When the last overwrite was (or is to be) written back.
     last_repair: Option<Instant>,
@@ -83,20 +89,21 @@ impl Repairs {
         now: Instant,
     ) -> Option<Overwrite> {
         let track = self.by_type.entry(condition_type.to_owned()).or_default();
-        if writing.busy {
+        if seen == Seen::Published {
+            track.published_seen = Some(now);
             track.due = None;
             return None;
         }
-        if seen == Seen::Published {
-            track.confirmed = writing.written_at;
-            track.due = None;
+        if writing.busy {
+            track.due = Some((now + RECHECK, Due::Recheck));
             return None;
         }
         if matches!(track.due, Some((_, Due::Repair))) {
             return None;
         }
+        let confirmed = track.published_seen >= writing.queued_at;
         if let Some(written_at) = writing.written_at
-            && track.confirmed != Some(written_at)
+            && !confirmed
             && now < written_at + CONFIRM_GRACE
         {
             track.due = Some((written_at + CONFIRM_GRACE, Due::Recheck));
@@ -163,6 +170,7 @@ mod tests {
     fn idle(written_at: Option<Instant>) -> Writing {
         Writing {
             busy: false,
+            queued_at: written_at,
             written_at,
         }
     }
@@ -202,6 +210,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_view_of_our_write_may_come_before_its_answer() {
+        let mut repairs = Repairs::default();
+        let queued = Instant::now();
+        let on_the_wire = Writing {
+            busy: true,
+            queued_at: Some(queued),
+            written_at: None,
+        };
+        // The watch shows our write while the patch's answer is still on its way...
+        repairs.observe(C, Seen::Published, on_the_wire, queued);
+        // ...so a mismatch after the answer is news at once.
+        let answered = queued + Duration::from_millis(10);
+        let writing = Writing {
+            busy: false,
+            queued_at: Some(queued),
+            written_at: Some(answered),
+        };
+        let found = repairs
+            .observe(C, Seen::Drifted, writing, answered)
+            .unwrap();
+        assert_eq!(found.repair_at, answered);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mismatch_seen_while_our_write_is_on_its_way_is_looked_at_again() {
+        let mut repairs = Repairs::default();
+        let now = Instant::now();
+        let busy = Writing {
+            busy: true,
+            queued_at: Some(now),
+            written_at: None,
+        };
+        assert_eq!(repairs.observe(C, Seen::Drifted, busy, now), None);
+        assert_eq!(repairs.next_due(), Some(now + RECHECK));
+        assert_eq!(
+            repairs.take_due(now + RECHECK),
+            (vec![], vec![C.to_owned()])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_unconfirmed_write_counts_as_overwritten_after_the_grace() {
         let mut repairs = Repairs::default();
         let written = Instant::now();
@@ -216,19 +265,6 @@ mod tests {
                 .observe(C, Seen::Drifted, idle(Some(written)), later)
                 .is_some()
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn nothing_is_due_while_our_own_write_is_on_its_way() {
-        let mut repairs = Repairs::default();
-        let now = Instant::now();
-        repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        let busy = Writing {
-            busy: true,
-            written_at: None,
-        };
-        assert_eq!(repairs.observe(C, Seen::Drifted, busy, now), None);
-        assert_eq!(repairs.next_due(), None);
     }
 
     #[tokio::test(start_paused = true)]
