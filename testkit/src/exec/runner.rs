@@ -86,6 +86,22 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
         .unwrap_or(-1)
 }
 
+/// The request's command with its stdio piped (stdin only when the client streams it), and
+/// the program's name for messages; `None` for an empty command.
+fn command(req: &ExecRequest, io: &ExecIo) -> Option<(String, std::process::Command)> {
+    let (program, args) = req.command.split_first()?;
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args)
+        .stdin(if io.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    Some((program.clone(), cmd))
+}
+
 /// The default runner: spawns the command on this machine with
 /// `tokio::process` (killed if the server's runtime drops it).
 ///
@@ -98,22 +114,14 @@ pub struct TokioRunner;
 impl ExecRunner for TokioRunner {
     fn run(&self, req: ExecRequest, io: ExecIo) -> BoxFuture<'static, ExecExit> {
         Box::pin(async move {
-            let Some((program, args)) = req.command.split_first() else {
+            let Some((program, cmd)) = command(&req, &io) else {
                 return ExecExit::Error("no command".into());
             };
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(args)
-                .stdin(if io.stdin.is_some() {
-                    Stdio::piped()
-                } else {
-                    Stdio::null()
-                })
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true);
+            let mut cmd = tokio::process::Command::from(cmd);
+            cmd.kill_on_drop(true);
             let mut child = match cmd.spawn() {
                 Ok(c) => c,
-                Err(e) => return ExecExit::Error(not_found_message(program, &e)),
+                Err(e) => return ExecExit::Error(not_found_message(&program, &e)),
             };
             let (stdin, stdout, stderr) =
                 (child.stdin.take(), child.stdout.take(), child.stderr.take());
@@ -175,20 +183,10 @@ where
     F: Fn(&mut std::process::Command) -> std::io::Result<Spawned> + Send + Sync + 'static,
 {
     fn run(&self, req: ExecRequest, io: ExecIo) -> BoxFuture<'static, ExecExit> {
-        let Some((program, args)) = req.command.split_first() else {
+        let Some((program, mut cmd)) = command(&req, &io) else {
             return Box::pin(async { ExecExit::Error("no command".into()) });
         };
-        let mut cmd = std::process::Command::new(program);
-        cmd.args(args)
-            .stdin(if io.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
         let spawned = (self.spawn)(&mut cmd);
-        let program = program.clone();
         Box::pin(async move {
             let (mut child, exit) = match spawned {
                 Ok(s) => s,

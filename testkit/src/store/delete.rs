@@ -41,11 +41,7 @@ impl Store {
         opts: &DeleteOpts,
     ) -> Result<Value, ApiError> {
         let key = Self::key(r, ns, name);
-        let old = g
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
+        let old = g.existing(r, &key, name)?;
         check_preconditions(r, name, &old, opts)?;
         if r.group.is_empty() && r.plural == "namespaces" {
             return self.delete_namespace(g, r, old);

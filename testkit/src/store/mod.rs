@@ -74,6 +74,16 @@ struct Inner {
     next_continue: u64,
 }
 
+impl Inner {
+    /// The stored object, or the apiserver's 404 for it.
+    fn existing(&self, r: &ResourceDef, key: &ObjKey, name: &str) -> Result<Value, ApiError> {
+        self.objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))
+    }
+}
+
 /// Options of a DELETE.
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOpts {
@@ -277,11 +287,7 @@ impl Store {
 
     /// GET one object.
     pub fn get(&self, r: &ResourceDef, ns: &str, name: &str) -> Result<Value, ApiError> {
-        self.lock()
-            .objects
-            .get(&Self::key(r, ns, name))
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))
+        self.lock().existing(r, &Self::key(r, ns, name), name)
     }
 
     /// The objects of `r` in `ns` (all namespaces when `None`) that match

@@ -70,11 +70,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let mut g = self.lock();
         let key = Self::key(r, ns, name);
-        let old = g
-            .objects
-            .get(&key)
-            .cloned()
-            .ok_or_else(|| ApiError::not_found(r.group, r.plural, name))?;
+        let old = g.existing(r, &key, name)?;
         let mut new = f(&old)?;
         Self::check_type(r, &mut new)?;
         let rules = Rules {
