@@ -74,6 +74,22 @@ fn review_body(response: AdmissionResponse) -> Vec<u8> {
     serde_json::to_vec(&response.into_review()).unwrap_or_default()
 }
 
+/// The request of an `admission.k8s.io/v1` AdmissionReview; a 400 answer for anything else
+/// (the answer echoes the review's apiVersion and kind, so they must be the real ones).
+fn decode_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Answer> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)
+        .map_err(|e| bad_request(format!("not an AdmissionReview: {e}")))?;
+    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
+        return Err(bad_request(format!(
+            "not an admission.k8s.io/v1 AdmissionReview: apiVersion {:?}, kind {:?}",
+            review.types.api_version, review.types.kind
+        )));
+    }
+    review
+        .try_into()
+        .map_err(|_| bad_request("AdmissionReview without a request".into()))
+}
+
 fn bad_request(message: String) -> Answer {
     Answer {
         status: StatusCode::BAD_REQUEST,
@@ -106,13 +122,9 @@ impl Webhooks {
     }
 
     fn handle_mutate(&self, body: &[u8]) -> Answer {
-        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
-            Ok(r) => r,
-            Err(e) => return bad_request(format!("not an AdmissionReview: {e}")),
-        };
-        let req: AdmissionRequest<DynamicObject> = match review.try_into() {
-            Ok(r) => r,
-            Err(_) => return bad_request("AdmissionReview without a request".into()),
+        let req = match decode_review(body) {
+            Ok(req) => req,
+            Err(answer) => return answer,
         };
         let (response, result) = match self.mutate(&req) {
             Ok(ops) if ops.is_empty() => (AdmissionResponse::from(&req), "allowed"),
@@ -177,13 +189,9 @@ impl Webhooks {
     }
 
     fn handle_validate(&self, body: &[u8]) -> Answer {
-        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
-            Ok(r) => r,
-            Err(e) => return bad_request(format!("not an AdmissionReview: {e}")),
-        };
-        let req: AdmissionRequest<DynamicObject> = match review.try_into() {
-            Ok(r) => r,
-            Err(_) => return bad_request("AdmissionReview without a request".into()),
+        let req = match decode_review(body) {
+            Ok(req) => req,
+            Err(answer) => return answer,
         };
         let response = validate_review(&req);
         let result = if response.allowed {
@@ -327,5 +335,56 @@ pub async fn serve(
             });
             podprobe_ops::connection::serve(tls, service, shutdown).await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hooks() -> Webhooks {
+        Webhooks {
+            mode: Mode::Standalone,
+            injection: None,
+            native_sidecars_supported: true,
+            ppms: Arc::new(PpmCache::default()),
+            namespaces: None,
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+
+    fn review(api_version: &str, kind: &str) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": api_version, "kind": kind,
+            "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "namespace": "games", "operation": "CREATE", "userInfo": {"username": "admin"},
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                    "spec": {"containers": [{"name": "main"}]}}}
+        }))
+        .unwrap()
+    }
+
+    /// Found by the `admission_review` fuzz target: the answer echoed a misspelt kind.
+    #[test]
+    fn only_a_real_admission_review_is_answered() {
+        let hooks = hooks();
+        for path in [MUTATE_PODS_PATH, VALIDATE_PPM_PATH] {
+            let answer = hooks.handle(path, &review("admission.k8s.io/v1", "AdmissionReview"));
+            assert_eq!(answer.status, StatusCode::OK, "{path}");
+            for (api_version, kind) in [
+                ("admission.k8s.io/v1", "AdmissIonReview"),
+                ("admission.k8s.io/v1beta1", "AdmissionReview"),
+            ] {
+                let answer = hooks.handle(path, &review(api_version, kind));
+                assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{path} {kind}");
+                let message = String::from_utf8(answer.body).unwrap();
+                assert!(
+                    message.contains("not an admission.k8s.io/v1 AdmissionReview"),
+                    "{message}"
+                );
+            }
+        }
     }
 }
