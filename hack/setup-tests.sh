@@ -21,5 +21,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 rustup target add x86_64-unknown-linux-musl
 
+echo "== fuzzing (hack/fuzz-smoke.sh): the pinned nightly toolchain and cargo-fuzz"
+rustup toolchain install "$(cat hack/fuzz-toolchain)" --profile minimal
+cargo_fuzz_version="0.13.2"
+if ! cargo fuzz --version 2>/dev/null | grep -q "$cargo_fuzz_version"; then
+  cargo install cargo-fuzz --version "$cargo_fuzz_version" --locked
+fi
+
 echo "== kube-apiserver, etcd, kubectl, kubelet, helm from the pinned Go modules (hack/README.md)"
 hack/build-tools.sh
