@@ -10,5 +10,8 @@ fuzz_target!(|text: &str| {
     let _ = parse_downward_api(text);
     let file = format!("kruise.io/podprobe={}\n", go_quote(text));
     let read = parse_downward_api(&file).expect("what the kubelet writes parses");
-    assert_eq!(read.get("kruise.io/podprobe").map(String::as_str), Some(text));
+    assert_eq!(
+        read.get("kruise.io/podprobe").map(String::as_str),
+        Some(text)
+    );
 });
