@@ -156,8 +156,11 @@ async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
         );
     }
     // Nothing refused, but the exec mode's own discovery: `auto` tries pods/exec, which the
-    // example's Role does not grant, and falls back to running the command locally.
-    let refused = cluster.audit_by_sidecar(|e| e.code() >= 400 && !e.is("get", "pods/exec", None));
+    // example's Role does not grant, and falls back to running the command locally. (A 429 is
+    // the apiserver's flow control on a loaded machine, retried: not a refusal.)
+    let refused = cluster.audit_by_sidecar(|e| {
+        e.code() >= 400 && e.code() != 429 && !e.is("get", "pods/exec", None)
+    });
     assert!(refused.is_empty(), "refused requests: {refused:#?}");
     assert!(
         sidecar.log().contains("falling back to local"),
