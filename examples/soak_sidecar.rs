@@ -222,6 +222,12 @@ async fn main() {
     let pid = sidecar.id();
     let probes = (4 * PER_KIND) as u64;
     let duration = Duration::from_secs(ATTEMPTS / probes + 5);
+    // "start" is once every probe has published: the first patch carries all 20.
+    let written = api
+        .journal()
+        .wait_for_count("PATCH", "pods/status", 1, Duration::from_secs(30))
+        .await;
+    assert!(written, "the sidecar wrote nothing");
     let start = Instant::now();
     let mut samples = vec![("start", footprint(pid))];
     let (mut flips, mut overwrites) = (0usize, 0usize);

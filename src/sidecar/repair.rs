@@ -20,10 +20,12 @@ use tokio::time::Instant;
 pub const CONFIRM_GRACE: Duration = Duration::from_secs(5);
 /// When a mismatch seen while podprobe's own write is on its way is looked at again.
 pub const RECHECK: Duration = Duration::from_secs(1);
-/// An overwrite this long after the last repair starts a new streak (repaired at once again).
-pub const QUIET: Duration = Duration::from_secs(60);
+/// An overwrite this long after the last repair starts a new streak (repaired at once again):
+/// a writer that replaces the status now and then (a provider's periodic sync) is answered at
+/// once every time; only one that answers podprobe's repairs within this window is backed off.
+pub const QUIET: Duration = Duration::from_secs(30);
 /// The longest wait before repairing a condition that keeps being overwritten.
-pub const MAX_DELAY: Duration = Duration::from_secs(300);
+pub const MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// What the latest view says about one owned condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,7 +280,7 @@ mod tests {
             now = found.repair_at;
             assert_eq!(repairs.take_due(now).0, vec![C.to_owned()]);
         }
-        assert_eq!(waits, [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(waits, [0, 1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60]);
         // Already scheduled: a second look at the same mismatch is not a new overwrite.
         let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
         assert_eq!(repairs.observe(C, Seen::Drifted, idle(None), now), None);
