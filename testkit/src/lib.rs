@@ -206,7 +206,12 @@ impl ApiServer {
         path: impl AsRef<Path>,
         token: &str,
     ) -> Result<(), Error> {
-        std::fs::write(path, kubeconfig(&self.url(), token))?;
+        // Written aside and renamed into place: a process waiting for the file to appear
+        // (the `testkit-apiserver` binary's users) never reads it half-written.
+        let path = path.as_ref();
+        let partial = path.with_extension("partial");
+        std::fs::write(&partial, kubeconfig(&self.url(), token))?;
+        std::fs::rename(&partial, path)?;
         Ok(())
     }
 
