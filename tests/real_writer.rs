@@ -79,3 +79,92 @@ async fn a_refused_condition_holds_back_nothing_before_or_after() {
     let pod: Pod = cluster.pods().get("w").await.unwrap();
     assert!(has_status(&pod, "game.kruise.io/b", "False"));
 }
+
+/// A prune the apiserver refuses (here a ValidatingAdmissionPolicy like the chart's, which lets
+/// the sidecar remove only condition types its annotation declares) is given up and holds back
+/// no result: deletes never share a patch with sets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_prune_holds_back_nothing_and_is_not_retried() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    use kube::Api;
+    use kube::api::{Patch, PatchParams, PostParams};
+
+    let cluster = RealCluster::start().await;
+    let pod = cluster.create_pod("w", "[]", json!([])).await;
+    let (_uid_tx, uid) = watch::channel(pod.metadata.uid.clone());
+    let config = WriterConfig {
+        coalesce: Duration::from_millis(50),
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(400),
+    };
+    let (writer, _task) =
+        ConditionWriter::spawn(cluster.pods(), "w".into(), uid, config, Metrics::new());
+    writer.submit(cond("game.kruise.io/kept", "True"));
+    cluster
+        .wait_pod("w", LIMIT, |p| has_status(p, "game.kruise.io/kept", "True"))
+        .await;
+
+    let admin = cluster.cp.client();
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "keep-kept"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": ["pods/status"]}]},
+            "validations": [{"expression":
+                "!has(oldObject.status.conditions) || oldObject.status.conditions.all(o, o.type != 'game.kruise.io/kept' || (has(object.status.conditions) && object.status.conditions.exists(c, c.type == o.type)))",
+                "message": "game.kruise.io/kept may not be removed", "reason": "Forbidden"}]
+        }
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+        "metadata": {"name": "keep-kept"},
+        "spec": {"policyName": "keep-kept", "validationActions": ["Deny"]}
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // The policy is enforced once a dry-run removal is refused.
+    let removal =
+        json!({"status": {"conditions": [{"type": "game.kruise.io/kept", "$patch": "delete"}]}});
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let enforced = async {
+        while cluster
+            .pods()
+            .patch_status("w", &dry_run, &Patch::Strategic(&removal))
+            .await
+            .is_ok()
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, enforced)
+        .await
+        .expect("policy enforced");
+
+    // A prune and a result, queued together.
+    writer.delete("game.kruise.io/kept");
+    writer.submit(cond("game.kruise.io/new", "True"));
+    let pod = cluster
+        .wait_pod("w", LIMIT, |p| has_status(p, "game.kruise.io/new", "True"))
+        .await;
+    assert!(
+        has_status(&pod, "game.kruise.io/kept", "True"),
+        "the refused prune left it"
+    );
+    assert!(
+        writer.flush(LIMIT).await,
+        "a refused prune is given up, not retried forever"
+    );
+}

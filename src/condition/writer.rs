@@ -56,6 +56,10 @@ impl ConditionWrite {
             ConditionWrite::Delete(condition_type) => condition_type,
         }
     }
+
+    pub fn is_delete(&self) -> bool {
+        matches!(self, ConditionWrite::Delete(_))
+    }
 }
 
 /// A set is the condition itself; a delete is strategic merge's `$patch: delete` directive
@@ -77,6 +81,17 @@ impl serde::Serialize for ConditionWrite {
 
 type Writes = BTreeMap<String, ConditionWrite>;
 
+/// What the writer is doing with one condition type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteProgress {
+    /// A write is pending, parked or on the wire: it will set the condition anyway.
+    pub busy: bool,
+    /// When the last write of it was queued (`None`: never).
+    pub queued_at: Option<Instant>,
+    /// When the apiserver last accepted a write of it (`None`: never).
+    pub written_at: Option<Instant>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     pending: Writes,
@@ -94,15 +109,23 @@ struct State {
 
 impl State {
     /// What the next patch carries: everything pending, or one write while isolating.
+    ///
+    /// Sets and deletes never share a patch: the chart's admission policy lets the sidecar
+    /// remove only condition types its annotation still declares, so a prune can be refused,
+    /// and a refused delete must not hold back a result. Sets go first.
     fn take_batch(&mut self, isolate: bool) -> Vec<ConditionWrite> {
-        let batch: Vec<ConditionWrite> = if isolate {
-            self.pending
-                .pop_first()
-                .map(|(_, w)| vec![w])
-                .unwrap_or_default()
-        } else {
-            std::mem::take(&mut self.pending).into_values().collect()
-        };
+        let deletes = self.pending.values().all(ConditionWrite::is_delete);
+        let kinds: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|(_, w)| w.is_delete() == deletes)
+            .map(|(kind, _)| kind.clone())
+            .take(if isolate { 1 } else { usize::MAX })
+            .collect();
+        let batch: Vec<ConditionWrite> = kinds
+            .iter()
+            .filter_map(|kind| self.pending.remove(kind))
+            .collect();
         self.in_flight = batch
             .iter()
             .map(|w| w.condition_type().to_owned())
@@ -205,22 +228,16 @@ impl ConditionWriter {
         state.pending.is_empty() && state.parked.is_empty() && state.in_flight.is_empty()
     }
 
-    /// Whether a write of `condition_type` is pending, parked or on the wire.
-    pub fn is_busy(&self, condition_type: &str) -> bool {
+    /// What the writer is doing with `condition_type`, read under one lock.
+    pub fn progress(&self, condition_type: &str) -> WriteProgress {
         let state = self.lock();
-        state.pending.contains_key(condition_type)
-            || state.parked.contains_key(condition_type)
-            || state.in_flight.contains(condition_type)
-    }
-
-    /// When the last write of `condition_type` was queued (`None`: never).
-    pub fn queued_at(&self, condition_type: &str) -> Option<Instant> {
-        self.lock().queued_at.get(condition_type).copied()
-    }
-
-    /// When the apiserver last accepted a write of `condition_type` (`None`: never).
-    pub fn written_at(&self, condition_type: &str) -> Option<Instant> {
-        self.lock().written_at.get(condition_type).copied()
+        WriteProgress {
+            busy: state.pending.contains_key(condition_type)
+                || state.parked.contains_key(condition_type)
+                || state.in_flight.contains(condition_type),
+            queued_at: state.queued_at.get(condition_type).copied(),
+            written_at: state.written_at.get(condition_type).copied(),
+        }
     }
 
     /// Waits until everything submitted is written, at most `limit`. Returns whether it was.
@@ -307,6 +324,13 @@ impl WriteLoop {
             match result {
                 Ok(_) => self.accepted(&batch),
                 Err(kube::Error::Api(status))
+                    if batch[0].is_delete()
+                        && (status.code == 403
+                            || status.code == 422 && !refused_by_uid_guard(&status)) =>
+                {
+                    self.delete_refused(&batch, &status)
+                }
+                Err(kube::Error::Api(status))
                     if status.code == 422 && !refused_by_uid_guard(&status) =>
                 {
                     self.refused_as_invalid(batch, &status.message)
@@ -356,6 +380,17 @@ impl WriteLoop {
         }
         self.isolate = self.isolate && !state.pending.is_empty();
         self.coalesce = !self.isolate;
+    }
+
+    /// A prune the apiserver will never accept (an admission policy, or RBAC) is given up, not
+    /// retried: the condition stays, as it would without `--prune-conditions`.
+    fn delete_refused(&mut self, batch: &[ConditionWrite], status: &kube::core::Status) {
+        self.metrics.write_error(Some(status.code));
+        lock(&self.shared).in_flight.clear();
+        let types: Vec<&str> = batch.iter().map(ConditionWrite::condition_type).collect();
+        tracing::warn!(pod = %self.name, conditions = ?types, code = status.code,
+            "the apiserver refused to remove the conditions of removed probes; they stay (an admission policy that lets the sidecar remove only condition types its annotation declares refuses every prune): {}",
+            status.message);
     }
 
     fn refused_as_invalid(&mut self, batch: Vec<ConditionWrite>, server: &str) {
@@ -478,6 +513,20 @@ mod tests {
         state.queue(ConditionWrite::Delete("b".into()));
         state.queue(set("b", "new"));
         assert_eq!(state.take_batch(false), vec![set("b", "new")]);
+    }
+
+    #[test]
+    fn sets_and_deletes_never_share_a_patch_and_sets_go_first() {
+        let mut state = State::default();
+        state.queue(ConditionWrite::Delete("a".into()));
+        state.queue(set("b", "m"));
+        state.queue(set("c", "m"));
+        assert_eq!(state.take_batch(false), vec![set("b", "m"), set("c", "m")]);
+        assert_eq!(
+            state.take_batch(false),
+            vec![ConditionWrite::Delete("a".into())]
+        );
+        assert!(state.take_batch(false).is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::repair::{Repairs, Seen, Writing};
+use super::repair::{Repairs, Seen};
 use super::{SidecarOptions, event_sink, refresh_check_period};
 use crate::annotation::{self, PodContainers};
 use crate::condition::writer::{ConditionWriter, WriterConfig};
@@ -312,11 +312,7 @@ impl Sidecar {
             Some(_) => Seen::Drifted,
             None => Seen::Published,
         };
-        let writing = Writing {
-            busy: self.writer.is_busy(condition_type),
-            queued_at: self.writer.queued_at(condition_type),
-            written_at: self.writer.written_at(condition_type),
-        };
+        let writing = self.writer.progress(condition_type);
         let Some(overwrite) = self.repairs.observe(condition_type, seen, writing, now) else {
             return;
         };
@@ -340,7 +336,7 @@ impl Sidecar {
         let now = Instant::now();
         let (repair, recheck) = self.repairs.take_due(now);
         for condition_type in repair {
-            if self.stopped || self.writer.is_busy(&condition_type) {
+            if self.stopped || self.writer.progress(&condition_type).busy {
                 continue;
             }
             if let Some(condition) = self.book.drifted(&condition_type) {

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::condition::writer::WriteProgress;
+
 /// How long a mismatching view may be one written before podprobe's own last write.
 pub const CONFIRM_GRACE: Duration = Duration::from_secs(5);
 /// When a mismatch seen while podprobe's own write is on its way is looked at again.
@@ -34,17 +36,6 @@ pub enum Seen {
     Published,
     /// Missing, or another status or message.
     Drifted,
-}
-
-/// What podprobe's own writer is doing with the condition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Writing {
-    /// A write is pending or on the wire: it will set the condition anyway.
-    pub busy: bool,
-    /// When the last write of it was queued (`None`: never).
-    pub queued_at: Option<Instant>,
-    /// When the apiserver last accepted a write of it (`None`: never).
-    pub written_at: Option<Instant>,
 }
 
 /// A new overwrite, found in a view.
@@ -87,7 +78,7 @@ impl Repairs {
         &mut self,
         condition_type: &str,
         seen: Seen,
-        writing: Writing,
+        writing: WriteProgress,
         now: Instant,
     ) -> Option<Overwrite> {
         let track = self.by_type.entry(condition_type.to_owned()).or_default();
@@ -169,8 +160,8 @@ mod tests {
 
     const C: &str = "game.kruise.io/idle";
 
-    fn idle(written_at: Option<Instant>) -> Writing {
-        Writing {
+    fn idle(written_at: Option<Instant>) -> WriteProgress {
+        WriteProgress {
             busy: false,
             queued_at: written_at,
             written_at,
@@ -215,7 +206,7 @@ mod tests {
     async fn the_view_of_our_write_may_come_before_its_answer() {
         let mut repairs = Repairs::default();
         let queued = Instant::now();
-        let on_the_wire = Writing {
+        let on_the_wire = WriteProgress {
             busy: true,
             queued_at: Some(queued),
             written_at: None,
@@ -224,7 +215,7 @@ mod tests {
         repairs.observe(C, Seen::Published, on_the_wire, queued);
         // ...so a mismatch after the answer is news at once.
         let answered = queued + Duration::from_millis(10);
-        let writing = Writing {
+        let writing = WriteProgress {
             busy: false,
             queued_at: Some(queued),
             written_at: Some(answered),
@@ -239,7 +230,7 @@ mod tests {
     async fn a_mismatch_seen_while_our_write_is_on_its_way_is_looked_at_again() {
         let mut repairs = Repairs::default();
         let now = Instant::now();
-        let busy = Writing {
+        let busy = WriteProgress {
             busy: true,
             queued_at: Some(now),
             written_at: None,
