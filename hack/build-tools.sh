@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
-# kubectl, kubelet, etcd, helm)
-# from the Go modules pinned in hack/{k8s,etcd,helm}, with the ordinary Go toolchain: no
+# kubectl, kubelet, etcd, helm, OpenKruise's kruise-manager)
+# from the Go modules pinned in hack/{k8s,etcd,helm,kruise}, with the ordinary Go toolchain: no
 # prebuilt download. Prints, as the last line of stdout, the directory holding them.
+# OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of the
+# same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml.
 #
 # The binaries go to a cache outside the clone, keyed by a hash of the pinned modules and this
 # script, so a fresh clone of the same commit reuses them and a version bump rebuilds. A second
@@ -14,7 +16,8 @@ hack="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${PODPROBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-tools}"
 
 key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etcd/go.sum \
-  "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
+  "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/kruise/go.mod "$hack"/kruise/go.sum \
+  "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
 bin="$dest/bin"
 
@@ -61,6 +64,13 @@ build k8s "$k8s_ldflags" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserv
   k8s.io/kubernetes/cmd/kubelet
 build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
 build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
+build kruise "-s -w" "$dest.partial/bin/kruise-manager" github.com/openkruise/kruise
+
+# The module's own install manifests, as `make manifests` + kustomize would deploy them.
+kruise_src="$(cd "$hack/kruise" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/openkruise/kruise)"
+mkdir -p "$dest.partial/share/kruise"
+"$dest.partial/bin/kubectl" kustomize "$kruise_src/config/default" \
+  >"$dest.partial/share/kruise/kruise.yaml" 2> >(grep -v "is deprecated" >&2)
 
 rm -rf "$dest"
 mv "$dest.partial" "$dest"

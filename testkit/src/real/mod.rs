@@ -5,11 +5,12 @@
 //! ValidatingAdmissionPolicy, ServiceAccount) and an audit log that serves as the journal of
 //! what clients sent.
 //!
-//! There is no kubelet, scheduler or controller-manager: the test plays the kubelet (it writes
-//! pod status as admin), creates the ServiceAccounts a namespace needs, and finishes graceful
-//! deletions itself. Each [`ControlPlane`] is private to its test; dropping it (also while a
-//! failing test unwinds) kills both processes, and the kernel kills them if the test process
-//! dies first.
+//! There is no kubelet or scheduler, and no controller-manager or kruise-manager unless a
+//! test starts one ([`ControlPlane::start_kruise_manager`]): the test plays the kubelet (it
+//! writes pod status as admin), creates the ServiceAccounts a namespace needs, and finishes
+//! graceful deletions itself. Each [`ControlPlane`] is private to its test; dropping it (also
+//! while a failing test unwinds) kills its processes, and the kernel kills them if the test
+//! process dies first.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), testkit::real::Error> {
@@ -20,6 +21,7 @@
 //! ```
 
 pub mod audit;
+mod kruise;
 pub mod metrics;
 mod pki;
 mod process;
@@ -36,6 +38,10 @@ use kube::api::PostParams;
 use serde_json::json;
 
 pub use audit::AuditEvent;
+pub use kruise::{
+    KRUISE_FEATURE_GATES, KRUISE_MUTATING_WEBHOOKS, KRUISE_NAMESPACE, KRUISE_SERVICE_ACCOUNT,
+    KruiseAddrs,
+};
 pub use pki::{CertPair, Pki};
 use process::Daemon;
 
@@ -72,6 +78,7 @@ pub enum Error {
 pub struct ControlPlane {
     // Field order is drop order: clients of the apiserver first, then the apiserver, etcd,
     // and the directory last.
+    kruise_manager: Option<Daemon>,
     controller_manager: Option<Daemon>,
     apiserver: Daemon,
     etcd: Daemon,
@@ -164,6 +171,7 @@ impl ControlPlane {
             path("apiserver.log"),
         )?;
         let mut cp = ControlPlane {
+            kruise_manager: None,
             controller_manager: None,
             apiserver,
             etcd,

@@ -1,4 +1,4 @@
-//! A long-running child (etcd, kube-apiserver) that cannot outlive the test: killed on drop
+//! A long-running child (etcd, kube-apiserver, kruise-manager) that cannot outlive the test: killed on drop
 //! (also while a panicking test unwinds), and killed by the kernel if the test process dies
 //! first (`setpriv --pdeathsig KILL`, util-linux, so no `unsafe` pre-exec hook is needed).
 
@@ -23,12 +23,24 @@ impl Daemon {
         args: &[String],
         log: PathBuf,
     ) -> Result<Daemon, Error> {
+        Self::spawn_with_env(name, program, args, &[], log)
+    }
+
+    /// [`Daemon::spawn`] with `env` added to the test's environment.
+    pub fn spawn_with_env(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: PathBuf,
+    ) -> Result<Daemon, Error> {
         let out = File::create(&log)?;
         let err = out.try_clone()?;
         let child = Command::new("setpriv")
             .args(["--pdeathsig", "KILL", "--"])
             .arg(program)
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

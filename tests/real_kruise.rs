@@ -1,0 +1,206 @@
+//! podprobe beside the real OpenKruise: kruise-manager (built from the pinned Go module, with
+//! `EnablePodProbeMarkerOnServerless`) admits the pod and writes `kruise.io/podprobe`, the real
+//! `podprobe run` (a pod-bound token, the sidecar Role) probes and writes the conditions, and
+//! kruise-manager writes the markers. Every assertion is on what Kruise wrote.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use podprobe::demo::{GamePort, serve_health};
+use serde_json::{Value, json};
+use support::real::{RealCluster, SIDECAR_SA};
+use support::*;
+
+const LIMIT: Duration = Duration::from_secs(60);
+const IDLE: &str = "game.kruise.io/idle";
+const PORT: &str = "game.kruise.io/port-open";
+const HEALTHY: &str = "game.kruise.io/healthy";
+const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+/// OpenKruise's PodProbeMarker resource (its CRD, installed from its own manifests).
+fn ppm_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "apps.kruise.io",
+        "v1alpha1",
+        "PodProbeMarker",
+    ))
+}
+
+/// A node of a serverless provider, as Kruise recognises it.
+fn virtual_kubelet_node() -> Node {
+    serde_json::from_value(json!({"metadata": {"name": "vk-1",
+        "labels": {"type": "virtual-kubelet"}}}))
+    .unwrap()
+}
+
+/// Three probes, one of each kind: exec (idle: both policies, the deletion cost), tcp (a
+/// `Succeeded` policy only) and http on a named port (both policies, annotations only).
+fn game_ppm(idle_flag: &str, tcp_port: u16) -> DynamicObject {
+    let script =
+        format!("if [ -f {idle_flag} ]; then cat {idle_flag}; else echo busy >&2; exit 1; fi");
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
+        "metadata": {"name": "game", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "game"}},
+            "probes": [
+                {"name": "idle", "containerName": "main", "podConditionType": IDLE,
+                 "probe": {"exec": {"command": ["sh", "-c", script]}, "periodSeconds": 1},
+                 "markerPolicy": [
+                     {"state": "Succeeded", "labels": {"gameserver-idle": "true"},
+                      "annotations": {DELETION_COST: "-10"}},
+                     {"state": "Failed", "labels": {"gameserver-idle": "false"},
+                      "annotations": {DELETION_COST: "10"}}]},
+                {"name": "port", "containerName": "main", "podConditionType": PORT,
+                 "probe": {"tcpSocket": {"port": tcp_port}, "periodSeconds": 1},
+                 "markerPolicy": [{"state": "Succeeded", "labels": {"port-open": "true"}}]},
+                {"name": "healthy", "containerName": "main", "podConditionType": HEALTHY,
+                 "probe": {"httpGet": {"path": "/healthz", "port": "main-port", "scheme": "HTTP"},
+                           "periodSeconds": 1},
+                 "markerPolicy": [
+                     {"state": "Succeeded", "annotations": {"game.example/healthy": "yes"}},
+                     {"state": "Failed", "annotations": {"game.example/healthy": "no"}}]}
+            ]
+        }
+    }))
+    .unwrap()
+}
+
+/// The game pod as a user writes it: no podprobe annotation, the sidecar container beside.
+fn user_pod(name: &str, http_port: u16) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "game"}},
+        "spec": {"nodeName": "vk-1", "serviceAccountName": SIDECAR_SA, "containers": [
+            {"name": "main", "image": "game:1",
+             "ports": [{"name": "main-port", "containerPort": http_port}]},
+            {"name": "podprobe", "image": "podprobe:dev"}
+        ]}
+    }))
+    .unwrap()
+}
+
+fn labels(pod: &Pod) -> BTreeMap<String, String> {
+    pod.metadata.labels.clone().unwrap_or_default()
+}
+
+fn annotations(pod: &Pod) -> BTreeMap<String, String> {
+    pod.metadata.annotations.clone().unwrap_or_default()
+}
+
+fn has(map: &BTreeMap<String, String>, key: &str, value: &str) -> bool {
+    map.get(key).map(String::as_str) == Some(value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
+    let mut cluster = RealCluster::start().await;
+    cluster
+        .cp
+        .start_kruise_manager()
+        .await
+        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    let admin = cluster.cp.client();
+    Api::<Node>::all(admin.clone())
+        .create(&PostParams::default(), &virtual_kubelet_node())
+        .await
+        .unwrap();
+    let flag = cluster.dir.path().join("idle");
+    std::fs::write(&flag, "idle").unwrap();
+    let mut game = GamePort::open(0).await.unwrap();
+    let healthy = Arc::new(AtomicBool::new(true));
+    let http = serve_health(healthy.clone()).await.unwrap();
+    let ppms: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &ppm_resource());
+    ppms.create(
+        &PostParams::default(),
+        &game_ppm(flag.to_str().unwrap(), game.addr.port()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("Kruise's webhook refused the PodProbeMarker: {e}"));
+
+    // Admission: Kruise's pod webhook writes the protocol annotations.
+    let created = cluster
+        .pods()
+        .create(&PostParams::default(), &user_pod("gs-0", http.port()))
+        .await
+        .unwrap();
+    let written = annotations(&created);
+    assert_eq!(
+        written
+            .get("kruise.io/podprobemarker-list")
+            .map(String::as_str),
+        Some("game"),
+        "Kruise's webhook lists the PodProbeMarker"
+    );
+    let podprobe: Vec<Value> =
+        serde_json::from_str(&written["kruise.io/podprobe"]).expect("Kruise wrote JSON");
+    let types: Vec<&str> = podprobe
+        .iter()
+        .map(|p| p["podConditionType"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, [IDLE, PORT, HEALTHY]);
+    assert_eq!(
+        podprobe[2]["probe"]["httpGet"]["port"], "main-port",
+        "Kruise leaves named ports for the sidecar to resolve"
+    );
+    assert!(podprobe.iter().all(|p| p.get("markerPolicy").is_none()));
+
+    let pod = cluster
+        .kubelet_reports_started("gs-0", "containerd://main-1", long_ago())
+        .await;
+    let _sidecar = cluster.sidecar(&pod, &[]).await;
+
+    // Every probe up: conditions by podprobe, markers by Kruise.
+    let pod = cluster
+        .wait_pod("gs-0", LIMIT, |p| {
+            let (l, a) = (labels(p), annotations(p));
+            has(&l, "gameserver-idle", "true")
+                && has(&a, DELETION_COST, "-10")
+                && has(&l, "port-open", "true")
+                && has(&a, "game.example/healthy", "yes")
+        })
+        .await;
+    for type_ in [IDLE, PORT, HEALTHY] {
+        assert!(has_status(&pod, type_, "True"), "{type_} True: {pod:?}");
+    }
+    let status = ppms.get_status("game").await.unwrap().data["status"].clone();
+    assert_eq!(status["matchedPods"], 1, "Kruise counts the pod: {status}");
+
+    // The port closes: podprobe writes False; Kruise has no Failed policy for it and, on its
+    // serverless path, never removes the Succeeded policy's label (kruise issue: the daemon
+    // path would delete it). Then idle and health flip; Kruise's reconcile for those sees
+    // the port False too, and still leaves `port-open`.
+    game.close();
+    cluster
+        .wait_pod("gs-0", LIMIT, |p| has_status(p, PORT, "False"))
+        .await;
+    std::fs::remove_file(&flag).unwrap();
+    healthy.store(false, Ordering::Relaxed);
+    let pod = cluster
+        .wait_pod("gs-0", LIMIT, |p| {
+            let (l, a) = (labels(p), annotations(p));
+            has(&l, "gameserver-idle", "false")
+                && has(&a, DELETION_COST, "10")
+                && has(&a, "game.example/healthy", "no")
+        })
+        .await;
+    assert!(has_status(&pod, IDLE, "False") && has_status(&pod, HEALTHY, "False"));
+    assert!(
+        has(&labels(&pod), "port-open", "true"),
+        "Kruise's serverless marking keeps a key whose condition went False"
+    );
+
+    // And back: Kruise overwrites with the Succeeded policy's values.
+    std::fs::write(&flag, "idle again").unwrap();
+    cluster
+        .wait_pod("gs-0", LIMIT, |p| {
+            has(&labels(p), "gameserver-idle", "true") && has(&annotations(p), DELETION_COST, "-10")
+        })
+        .await;
+}
