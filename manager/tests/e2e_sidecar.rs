@@ -6,8 +6,8 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -18,52 +18,6 @@ use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode};
 use serde_json::{Value, json};
 use support::*;
 use testkit::ApiServer;
-
-/// `target/<profile>/podprobe`, built if needed (`CARGO_BIN_EXE_podprobe` exists only in the
-/// root package's tests). The test executable lives in `target/<profile>/deps/`.
-fn sidecar_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let target_dir = profile_dir.parent().unwrap().to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "podprobe",
-            "--bin",
-            "podprobe",
-            "--manifest-path",
-        ])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "cargo build -p podprobe failed");
-    let bin = profile_dir.join("podprobe");
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
-}
-
-struct Sidecar {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "---- podprobe log ----\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-        }
-    }
-}
 
 fn flag_probe(flag: &Path) -> Value {
     let script = format!(

@@ -4,131 +4,24 @@
 //! injection config, and everything goes through the real admission chain.
 
 mod cluster;
+mod installed;
 mod support;
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use podprobe_manager::config::InjectionConfig;
 use podprobe_manager::crd::PodProbeMarker;
-use podprobe_manager::pods::MarkerScope;
-use podprobe_manager::run::{LeaderOptions, Manager, Options};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
-use support::{LIST, PODPROBE, TV03_PODPROBE, app_pod, label, ppm, tv03_ppm, vk_node};
-use testkit::real::ControlPlane;
+use support::{LIST, PODPROBE, TV03_PODPROBE, app_pod, label, ppm, tv03_ppm};
 
-const NS: &str = "test";
+use installed::{NS, Running, install_and_run, start_control_plane};
+
 const LIMIT: Duration = Duration::from_secs(30);
 const MANAGER_USER: &str = "system:serviceaccount:podprobe-system:podprobe-manager";
-
-struct Running {
-    cp: ControlPlane,
-    manager: Manager,
-    _dir: tempfile::TempDir,
-}
-
-/// Installs the chart (standalone, webhooks at a local port, injection with a readiness gate)
-/// and starts the manager there with the chart's ServiceAccount and injection config.
-async fn install_and_run() -> Running {
-    let cp = ControlPlane::start()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS,
-        "labels": {"podprobe.io/inject": "enabled"}}}))
-    .unwrap();
-    Api::<Namespace>::all(cp.client())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
-    cp.create_service_account(NS, "default").await.unwrap();
-    Api::<Node>::all(cp.client())
-        .create(&PostParams::default(), &vk_node("vk-1"))
-        .await
-        .unwrap();
-
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut sets = cluster::cert_values(&cp, &["127.0.0.1"]);
-    sets.extend([
-        "mode=standalone".to_owned(),
-        format!("webhook.url=https://127.0.0.1:{port}"),
-        format!("sidecar.namespaces={{{NS}}}"),
-        "injection.config.image=podprobe:dev".to_owned(),
-        "injection.config.readinessGates={game.kruise.io/healthy}".to_owned(),
-    ]);
-    cluster::run(
-        cluster::helm(&cp, "install", &sets, &["--create-namespace"]),
-        "helm install",
-    );
-
-    // The manager as the chart deploys it: its ServiceAccount, its ConfigMap, its certificate.
-    let dir = tempfile::tempdir().unwrap();
-    let pair = cp.pki().issue(&["127.0.0.1"]).unwrap();
-    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).unwrap();
-    std::fs::write(&key, &pair.key_pem).unwrap();
-    let config = cluster::run(
-        {
-            let mut k = cp.kubectl().unwrap();
-            k.args([
-                "-n",
-                cluster::RELEASE_NS,
-                "get",
-                "configmap",
-                "podprobe-manager",
-            ])
-            .args(["-o", "jsonpath={.data.injection\\.yaml}"]);
-            k
-        },
-        "the chart's injection config",
-    );
-    let injection = InjectionConfig::from_yaml(&config, "the chart's ConfigMap").unwrap();
-    let token = cp
-        .service_account_token(cluster::RELEASE_NS, "podprobe-manager")
-        .await
-        .unwrap();
-    let options = Options {
-        mode: Mode::Standalone,
-        webhook_addr: format!("127.0.0.1:{port}").parse().unwrap(),
-        tls_cert: cert,
-        tls_key: key,
-        tls_reload_interval: Duration::from_secs(10),
-        injection: Some(injection),
-        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
-        leader: Some(LeaderOptions {
-            namespace: cluster::RELEASE_NS.into(),
-            name: "podprobe-manager".into(),
-            identity: "manager-0".into(),
-            lease_duration: Duration::from_secs(15),
-        }),
-        scope: MarkerScope::default(),
-        workers: 4,
-    };
-    let manager = Manager::start(cp.client_for_token(&token), options)
-        .await
-        .unwrap();
-    let metrics = manager.metrics_addr.unwrap();
-    let ready = async {
-        while support::http_get(metrics, "/readyz").await.0 != 200 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(LIMIT, ready)
-        .await
-        .expect("the manager turns ready");
-    Running {
-        cp,
-        manager,
-        _dir: dir,
-    }
-}
 
 async fn wait_pod(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
     let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
@@ -160,7 +53,8 @@ async fn set_condition(client: &Client, name: &str, status: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
-    let Running { cp, manager, .. } = install_and_run().await;
+    let Running { cp, manager, .. } =
+        install_and_run(start_control_plane().await, Mode::Standalone).await;
     let admin = cp.client();
     let ppms: Api<PodProbeMarker> = Api::namespaced(admin.clone(), NS);
 
@@ -307,7 +201,8 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_latency_added_to_pod_creates() {
     const N: usize = 100;
-    let Running { cp, manager, .. } = install_and_run().await;
+    let Running { cp, manager, .. } =
+        install_and_run(start_control_plane().await, Mode::Standalone).await;
     let admin = cp.client();
     Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
         .create(&PostParams::default(), &ppm(&tv03_ppm()))

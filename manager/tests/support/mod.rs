@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -333,4 +334,51 @@ pub fn set_healthy(api: &ApiServer, name: &str, healthy: bool) {
 
 pub fn label(pod: &Pod, key: &str) -> Option<String> {
     pod.metadata.labels.as_ref()?.get(key).cloned()
+}
+
+/// `target/<profile>/podprobe`, built if needed (`CARGO_BIN_EXE_podprobe` exists only in the
+/// root package's tests). The test executable lives in `target/<profile>/deps/`.
+pub fn sidecar_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let target_dir = profile_dir.parent().unwrap().to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "-q",
+            "-p",
+            "podprobe",
+            "--bin",
+            "podprobe",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "cargo build -p podprobe failed");
+    let bin = profile_dir.join("podprobe");
+    assert!(bin.exists(), "{} missing", bin.display());
+    bin
+}
+
+/// A running `podprobe run`; killed on drop, its log printed when the test failed.
+pub struct Sidecar {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- podprobe log ----\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
 }

@@ -1,0 +1,140 @@
+//! The chart installed by the real helm on a real control plane, and `podprobe-manager`
+//! running in-process as the chart deploys it: its ServiceAccount's token, its ConfigMap's
+//! injection config, webhooks pointed at it (`webhook.url`). Shared by the real-apiserver
+//! tests of both modes.
+#![allow(dead_code)] // each test binary uses a part of it
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use kube::Api;
+use kube::api::PostParams;
+use podprobe_manager::config::InjectionConfig;
+use podprobe_manager::pods::MarkerScope;
+use podprobe_manager::run::{LeaderOptions, Manager, Options};
+use podprobe_manager::webhook::Mode;
+use serde_json::json;
+use testkit::real::ControlPlane;
+
+use super::support::vk_node;
+use super::{cluster, support};
+
+/// The namespace of the tests' pods and PodProbeMarkers.
+pub const NS: &str = "test";
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// A fresh control plane (panics with the reason when it cannot start).
+pub async fn start_control_plane() -> ControlPlane {
+    ControlPlane::start()
+        .await
+        .unwrap_or_else(|e| panic!("real control plane: {e}"))
+}
+
+/// The chart's `mode` value.
+fn mode_value(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Standalone => "standalone",
+        Mode::Companion => "companion",
+    }
+}
+
+pub struct Running {
+    pub cp: ControlPlane,
+    pub manager: Manager,
+    pub dir: tempfile::TempDir,
+}
+
+/// Installs the chart in `mode` on `cp` (webhooks at a local port, injection with a readiness
+/// gate; in companion mode without its CRD, which is OpenKruise's then) and starts the manager
+/// there with the chart's ServiceAccount and injection config. Namespace [`NS`] opts in to
+/// injection; node `vk-1` is a virtual-kubelet node.
+pub async fn install_and_run(cp: ControlPlane, mode: Mode) -> Running {
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS,
+        "labels": {"podprobe.io/inject": "enabled"}}}))
+    .unwrap();
+    Api::<Namespace>::all(cp.client())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    cp.create_service_account(NS, "default").await.unwrap();
+    Api::<Node>::all(cp.client())
+        .create(&PostParams::default(), &vk_node("vk-1"))
+        .await
+        .unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut sets = cluster::cert_values(&cp, &["127.0.0.1"]);
+    sets.extend([
+        format!("mode={}", mode_value(mode)),
+        format!("webhook.url=https://127.0.0.1:{port}"),
+        format!("sidecar.namespaces={{{NS}}}"),
+        "injection.config.image=podprobe:dev".to_owned(),
+        "injection.config.readinessGates={game.kruise.io/healthy}".to_owned(),
+    ]);
+    let mut extra = vec!["--create-namespace"];
+    if mode == Mode::Companion {
+        extra.push("--skip-crds");
+    }
+    cluster::run(cluster::helm(&cp, "install", &sets, &extra), "helm install");
+
+    // The manager as the chart deploys it: its ServiceAccount, its ConfigMap, its certificate.
+    let dir = tempfile::tempdir().unwrap();
+    let pair = cp.pki().issue(&["127.0.0.1"]).unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &pair.cert_pem).unwrap();
+    std::fs::write(&key, &pair.key_pem).unwrap();
+    let config = cluster::run(
+        {
+            let mut k = cp.kubectl().unwrap();
+            k.args([
+                "-n",
+                cluster::RELEASE_NS,
+                "get",
+                "configmap",
+                "podprobe-manager",
+            ])
+            .args(["-o", "jsonpath={.data.injection\\.yaml}"]);
+            k
+        },
+        "the chart's injection config",
+    );
+    let injection = InjectionConfig::from_yaml(&config, "the chart's ConfigMap").unwrap();
+    let token = cp
+        .service_account_token(cluster::RELEASE_NS, "podprobe-manager")
+        .await
+        .unwrap();
+    let options = Options {
+        mode,
+        webhook_addr: format!("127.0.0.1:{port}").parse().unwrap(),
+        tls_cert: cert,
+        tls_key: key,
+        tls_reload_interval: Duration::from_secs(10),
+        injection: Some(injection),
+        metrics_addr: Some("127.0.0.1:0".parse().unwrap()),
+        leader: Some(LeaderOptions {
+            namespace: cluster::RELEASE_NS.into(),
+            name: "podprobe-manager".into(),
+            identity: "manager-0".into(),
+            lease_duration: Duration::from_secs(15),
+        }),
+        scope: MarkerScope::default(),
+        workers: 4,
+    };
+    let manager = Manager::start(cp.client_for_token(&token), options)
+        .await
+        .unwrap();
+    let metrics = manager.metrics_addr.unwrap();
+    let ready = async {
+        while support::http_get(metrics, "/readyz").await.0 != 200 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, ready)
+        .await
+        .expect("the manager turns ready");
+    Running { cp, manager, dir }
+}
