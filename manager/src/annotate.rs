@@ -2,8 +2,9 @@
 //! pod's `kruise.io/podprobe` annotation, and the JSON patch that writes it.
 //!
 //! Mirrors OpenKruise's `podProbeMarkerMutatingPod` (filter, first-wins merge, markerPolicy
-//! stripped, Go-identical JSON), with PPMs processed in name order so the result is
-//! deterministic.
+//! stripped, Go-identical JSON), with PPMs processed in the order of the pod's list annotation
+//! when it has one (as OpenKruise) and otherwise in name order, so the result is deterministic
+//! where OpenKruise's follows its informer's map order.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 

@@ -80,13 +80,14 @@ pub fn is_empty(selector: &LabelSelector) -> bool {
             .is_none_or(Vec::is_empty)
 }
 
-/// The PodProbeMarkers that apply to `pod`, sorted by name.
+/// The PodProbeMarkers that apply to `pod`, in the order their probes are merged.
 ///
 /// `namespace_ppms` must be the PPMs of the pod's namespace (the caller's cache knows the
 /// namespace even when an admission request's pod object omits it). If the pod carries a
-/// non-empty `kruise.io/podprobemarker-list`, exactly the named PPMs are used (unknown names are
-/// skipped) and selectors are not evaluated; otherwise PPMs whose non-empty, valid selector
-/// matches the pod labels. Sorting by name, which OpenKruise leaves to informer map order, is what
+/// non-empty `kruise.io/podprobemarker-list`, exactly the named PPMs are used, in the list's
+/// order as OpenKruise reads them (unknown and repeated names are skipped), and selectors are
+/// not evaluated; otherwise PPMs whose non-empty, valid selector matches the pod labels,
+/// sorted by name: OpenKruise leaves that order to its informer's map, and sorting is what
 /// makes the first-wins merge deterministic.
 pub fn markers_for_pod<'a>(
     pod: &Pod,
@@ -98,28 +99,27 @@ pub fn markers_for_pod<'a>(
         .as_ref()
         .and_then(|a| a.get(MARKER_LIST_ANNOTATION))
         .filter(|v| !v.is_empty());
-    let mut chosen: Vec<&PodProbeMarker> = match list {
-        Some(list) => {
-            let names: Vec<&str> = list.split(',').collect();
-            namespace_ppms
-                .iter()
-                .filter(|ppm| names.contains(&ppm_name(ppm)))
-                .collect()
+    if let Some(list) = list {
+        let mut chosen: Vec<&PodProbeMarker> = Vec::new();
+        for name in list.split(',') {
+            let found = namespace_ppms.iter().find(|ppm| ppm_name(ppm) == name);
+            if let Some(ppm) = found.filter(|_| !chosen.iter().any(|c| ppm_name(c) == name)) {
+                chosen.push(ppm);
+            }
         }
-        None => {
-            let empty = BTreeMap::new();
-            let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
-            namespace_ppms
-                .iter()
-                .filter(|ppm| {
-                    ppm.spec
-                        .selector
-                        .as_ref()
-                        .is_some_and(|s| !is_empty(s) && matches(s, labels).unwrap_or(false))
-                })
-                .collect()
-        }
-    };
+        return chosen;
+    }
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let mut chosen: Vec<&PodProbeMarker> = namespace_ppms
+        .iter()
+        .filter(|ppm| {
+            ppm.spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| !is_empty(s) && matches(s, labels).unwrap_or(false))
+        })
+        .collect();
     chosen.sort_by(|a, b| ppm_name(a).cmp(ppm_name(b)));
     chosen.dedup_by(|a, b| ppm_name(a) == ppm_name(b));
     chosen
@@ -258,6 +258,15 @@ pub(crate) mod tests {
             names(markers_for_pod(&pod, &ppms)),
             ["game-server-probe-v1", "game-server-probe-v2"]
         );
+    }
+
+    /// OpenKruise GETs the listed PPMs one by one in the list's order, and the first-wins
+    /// merge follows it (found side by side with the real kruise-manager).
+    #[test]
+    fn list_annotation_order_is_kept_and_repeats_are_skipped() {
+        let ppms = vec![ppm("a", None), ppm("b", None), ppm("c", None)];
+        let pod = pod_with(&[], &[(MARKER_LIST_ANNOTATION, "c,a,c,missing,b")]);
+        assert_eq!(names(markers_for_pod(&pod, &ppms)), ["c", "a", "b"]);
     }
 
     /// TV-06: no selector matches → nothing.
