@@ -23,23 +23,22 @@ pub struct FieldError {
     pub detail: String,
 }
 
+/// As apimachinery's `Error.Error()`: the field, the type (with the value where the type
+/// shows one), and `: detail` only when there is a detail.
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let value = self.value.as_deref().unwrap_or("");
         match self.kind {
-            ErrorKind::Invalid => {
-                write!(f, "{}: Invalid value: {value}: {}", self.field, self.detail)
-            }
-            ErrorKind::Required => write!(f, "{}: Required value: {}", self.field, self.detail),
-            ErrorKind::Forbidden => write!(f, "{}: Forbidden: {}", self.field, self.detail),
-            ErrorKind::NotSupported => {
-                write!(
-                    f,
-                    "{}: Unsupported value: {value}: {}",
-                    self.field, self.detail
-                )
-            }
-            ErrorKind::TooLong => write!(f, "{}: Too long: {}", self.field, self.detail),
+            ErrorKind::Invalid => write!(f, "{}: Invalid value: {value}", self.field)?,
+            ErrorKind::Required => write!(f, "{}: Required value", self.field)?,
+            ErrorKind::Forbidden => write!(f, "{}: Forbidden", self.field)?,
+            ErrorKind::NotSupported => write!(f, "{}: Unsupported value: {value}", self.field)?,
+            ErrorKind::TooLong => write!(f, "{}: Too long", self.field)?,
+        }
+        if self.detail.is_empty() {
+            Ok(())
+        } else {
+            write!(f, ": {}", self.detail)
         }
     }
 }
