@@ -302,3 +302,278 @@ async fn tv01_to_tv07_annotations_byte_for_byte() {
     }
     println!("Kruise's pick among the order-dependent alternatives: {kruise_orders:?}");
 }
+
+/// TV-13 and TV-14: `ppmDemo` (TV-03's PodProbeMarker) and one change each.
+fn validation_cases() -> Vec<(&'static str, Value)> {
+    let base = |ns: &str| {
+        let mut v = tv03_ppm();
+        v["metadata"]["namespace"] = json!(ns);
+        v
+    };
+    let with = |name: &str, change: &dyn Fn(&mut Value)| {
+        let mut v = base("validation");
+        v["metadata"]["name"] = json!(name);
+        change(&mut v);
+        v
+    };
+    let handler = |h: Value| move |v: &mut Value| v["spec"]["probes"][0]["probe"] = h.clone();
+    let http = |path: &str, port: Value, scheme: &str| json!({"httpGet": {"path": path, "port": port, "scheme": scheme}});
+    let extra_probe =
+        |p: Value| move |v: &mut Value| v["spec"]["probes"].as_array_mut().unwrap().push(p.clone());
+    vec![
+        ("tv13-valid", with("tv13-valid", &|_| {})),
+        (
+            "tv13-test1-no-selector",
+            with("t1", &|v| v["spec"]["selector"] = Value::Null),
+        ),
+        (
+            "tv13-test1b-empty-selector",
+            with("t1b", &|v| v["spec"]["selector"] = json!({})),
+        ),
+        (
+            "tv13-test2-no-probes",
+            with("t2", &|v| v["spec"]["probes"] = json!([])),
+        ),
+        (
+            "tv13-test3-duplicate-name",
+            with(
+                "t3",
+                &extra_probe(probe("healthy", "other", "game.kruise.io/other", exec())),
+            ),
+        ),
+        (
+            "tv13-test4-http-probe",
+            with(
+                "t4",
+                &extra_probe(probe(
+                    "check",
+                    "other",
+                    "game.kruise.io/check",
+                    http("/index.html", json!(80), "HTTP"),
+                )),
+            ),
+        ),
+        (
+            "tv13-test5-empty-exec",
+            with(
+                "t5",
+                &extra_probe(probe(
+                    "check",
+                    "other",
+                    "game.kruise.io/check",
+                    json!({"exec": {}}),
+                )),
+            ),
+        ),
+        (
+            "tv13-test6-state-unknown",
+            with("t6", &|v| {
+                v["spec"]["probes"][0]["markerPolicy"][0]["state"] = json!("Unknown")
+            }),
+        ),
+        (
+            "tv13-test7-bad-label-key",
+            with("t7", &|v| {
+                v["spec"]["probes"][0]["markerPolicy"][0]["labels"] =
+                    json!({"server-/$healthy": "true"})
+            }),
+        ),
+        (
+            "tv13-test8-reserved-name",
+            with("t8", &|v| {
+                v["spec"]["probes"][0]["name"] = json!("Initialized")
+            }),
+        ),
+        (
+            "tv13-test9-bad-condition",
+            with("t9", &|v| {
+                v["spec"]["probes"][0]["podConditionType"] = json!("#5invalid")
+            }),
+        ),
+        (
+            "tv13-test10-empty-name",
+            with("t10", &|v| v["spec"]["probes"][0]["name"] = json!("")),
+        ),
+        (
+            "tv13-test11-empty-container",
+            with("t11", &|v| {
+                v["spec"]["probes"][0]["containerName"] = json!("")
+            }),
+        ),
+        (
+            "tv14-valid",
+            with("h0", &handler(http("/healthz", json!(8080), "HTTP"))),
+        ),
+        (
+            "tv14-no-path",
+            with("h1", &handler(http("", json!(8080), "HTTP"))),
+        ),
+        (
+            "tv14-port-65536",
+            with("h2", &handler(http("/healthz", json!(65536), "HTTP"))),
+        ),
+        (
+            "tv14-bad-port-name",
+            with(
+                "h3",
+                &handler(http("/healthz", json!("invalid-port-name-!@#"), "HTTP")),
+            ),
+        ),
+        (
+            "tv14-scheme-ftp",
+            with("h4", &handler(http("/healthz", json!(8080), "FTP"))),
+        ),
+        (
+            "tv14-no-scheme",
+            with(
+                "h4b",
+                &handler(json!({"httpGet": {"path": "/healthz", "port": 8080}})),
+            ),
+        ),
+        (
+            "tv14-underscore-header",
+            with(
+                "h5b",
+                &handler(
+                    json!({"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP",
+                    "httpHeaders": [{"name": "X_Custom", "value": "v"}]}}),
+                ),
+            ),
+        ),
+        (
+            "tv14-bad-header",
+            with(
+                "h5",
+                &handler(
+                    json!({"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP",
+            "httpHeaders": [{"name": "Invalid Header:Name", "value": "v"}]}}),
+                ),
+            ),
+        ),
+        (
+            "tv14-four-errors",
+            with(
+                "h6",
+                &handler(
+                    json!({"httpGet": {"path": "", "port": 99999, "scheme": "FTP",
+            "httpHeaders": [{"name": "Invalid:Header", "value": "v"}]}}),
+                ),
+            ),
+        ),
+        (
+            "tv14-path-escape",
+            with("h7", &handler(http("path%notvalid", json!(8080), "HTTP"))),
+        ),
+        (
+            "tv14-host",
+            with(
+                "h8",
+                &handler(
+                    json!({"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP", "host": "127.0.0.1"}}),
+                ),
+            ),
+        ),
+        ("tv14-no-handler", with("h9", &handler(json!({})))),
+        (
+            "tv14-tcp-port-name",
+            with(
+                "h10",
+                &handler(json!({"tcpSocket": {"port": "container-port"}})),
+            ),
+        ),
+        (
+            "tv14-tcp-port-name-too-long",
+            with(
+                "h11",
+                &handler(json!({"tcpSocket": {"port": "container-port-v2"}})),
+            ),
+        ),
+        (
+            "tv14-two-handlers",
+            with(
+                "h12",
+                &handler(json!({"exec": {"command": ["true"]}, "tcpSocket": {"port": 80}})),
+            ),
+        ),
+        (
+            "tv14-grpc-alone",
+            with("h13", &handler(json!({"grpc": {"port": 9000}}))),
+        ),
+        (
+            "tv14-grpc-beside-exec",
+            with(
+                "h14",
+                &handler(json!({"exec": {"command": ["true"]}, "grpc": {"port": 9000}})),
+            ),
+        ),
+        (
+            "negative-period",
+            with("n1", &|v| {
+                v["spec"]["probes"][0]["probe"]["periodSeconds"] = json!(-1)
+            }),
+        ),
+        (
+            "condition-type-ready",
+            with("n2", &|v| {
+                v["spec"]["probes"][0]["podConditionType"] = json!("Ready")
+            }),
+        ),
+    ]
+}
+
+/// Cases podprobe-manager answers differently on purpose (`docs/kruise-compatibility.md`):
+/// (id, Kruise accepts, podprobe accepts).
+const DIFFERENT_ON_PURPOSE: [(&str, bool, bool); 3] = [
+    // Kruise counts no gRPC handler (its daemon has no gRPC prober); podprobe runs gRPC
+    // probes with the kubelet's semantics, so gRPC alone is a handler...
+    ("tv14-grpc-alone", false, true),
+    // ...and, as the kubelet's validation has it, one too many beside exec.
+    ("tv14-grpc-beside-exec", true, false),
+    // Kruise checks the reserved names against the probe name only (spec §8 gap 12); a probe
+    // writing the kubelet's `Ready` would fight the kubelet.
+    ("condition-type-ready", true, false),
+];
+
+/// What a side answered: accepted, or the HTTP code and the number of field errors.
+fn verdict(result: &Result<(), Box<kube::core::Status>>) -> Option<(u16, usize)> {
+    match result {
+        Ok(()) => None,
+        // apimachinery's ErrorList: "spec...: ..." or "[spec...: ..., spec...: ...]".
+        Err(status) => Some((status.code, 1 + status.message.matches(", spec").count())),
+    }
+}
+
+fn message(result: &Result<(), Box<kube::core::Status>>) -> String {
+    match result {
+        Ok(()) => "accepted".to_owned(),
+        Err(status) => format!("{} {}", status.code, status.message),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tv13_tv14_validation_answers_side_by_side() {
+    let both = SideBySide::start().await;
+    both.namespace("validation").await;
+    let mut differ = Vec::new();
+    for (id, ppm) in validation_cases() {
+        let answers = both.create_ppm(&ppm).await;
+        println!(
+            "{id}\n  kruise:   {}\n  podprobe: {}",
+            message(&answers.kruise),
+            message(&answers.podprobe)
+        );
+        let (kruise, podprobe) = (verdict(&answers.kruise), verdict(&answers.podprobe));
+        match DIFFERENT_ON_PURPOSE.iter().find(|(case, ..)| *case == id) {
+            Some(&(_, kruise_accepts, podprobe_accepts)) => {
+                assert_eq!(kruise.is_none(), kruise_accepts, "{id}: Kruise");
+                assert_eq!(podprobe.is_none(), podprobe_accepts, "{id}: podprobe");
+            }
+            None if kruise != podprobe => differ.push((id, kruise, podprobe)),
+            None => {}
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "answers (code, errors) differ: {differ:?}"
+    );
+}
