@@ -11,7 +11,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, Client};
 use podprobe_manager::webhook::Mode;
 use serde_json::{Value, json};
-use testkit::real::ControlPlane;
+use testkit::real::{ControlPlane, KruiseAddrs};
 
 use super::installed::{Running, install_and_run, start_control_plane};
 use super::support::vk_node;
@@ -22,6 +22,7 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 pub struct SideBySide {
     pub kruise: ControlPlane,
+    pub kruise_addrs: KruiseAddrs,
     pub podprobe: Running,
     sentinels: u32,
 }
@@ -47,20 +48,22 @@ impl SideBySide {
     pub async fn start() -> SideBySide {
         let kruise = async {
             let mut cp = start_control_plane().await;
-            cp.start_kruise_manager()
+            let addrs = cp
+                .start_kruise_manager()
                 .await
                 .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
             Api::<Node>::all(cp.client())
                 .create(&PostParams::default(), &vk_node("vk-1"))
                 .await
                 .unwrap();
-            cp
+            (cp, addrs)
         };
         let podprobe =
             async { install_and_run(start_control_plane().await, Mode::Standalone).await };
-        let (kruise, podprobe) = tokio::join!(kruise, podprobe);
+        let ((kruise, kruise_addrs), podprobe) = tokio::join!(kruise, podprobe);
         let both = SideBySide {
             kruise,
+            kruise_addrs,
             podprobe,
             sentinels: 0,
         };
