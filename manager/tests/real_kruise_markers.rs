@@ -189,7 +189,10 @@ async fn kruise_idle_after(both: &SideBySide, reconciles: f64) {
     if tokio::time::timeout(LIMIT, idle).await.is_err() {
         let addr = ([127, 0, 0, 1], both.kruise_addrs.metrics_port).into();
         let (_, text) = support::http_get(addr, "/metrics").await;
-        let lines: Vec<&str> = text.lines().filter(|l| l.contains("PodProbeMarker")).collect();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("PodProbeMarker"))
+            .collect();
         panic!("kruise-manager's PodProbeMarker controller did not go idle: {lines:#?}");
     }
 }
