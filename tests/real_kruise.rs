@@ -173,9 +173,9 @@ async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
     assert_eq!(status["matchedPods"], 1, "Kruise counts the pod: {status}");
 
     // The port closes: podprobe writes False; Kruise has no Failed policy for it and, on its
-    // serverless path, never removes the Succeeded policy's label (kruise issue: the daemon
-    // path would delete it). Then idle and health flip; Kruise's reconcile for those sees
-    // the port False too, and still leaves `port-open`.
+    // serverless path, never removes the Succeeded policy's label (spec §8 gap 3; the
+    // kruise-daemon path would delete it). Then idle and health flip; Kruise's reconcile for
+    // those sees the port False too, and still leaves `port-open`.
     game.close();
     cluster
         .wait_pod("gs-0", LIMIT, |p| has_status(p, PORT, "False"))

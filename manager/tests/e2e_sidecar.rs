@@ -76,23 +76,6 @@ fn kubelet_runs(api: &ApiServer, name: &str) {
     .unwrap();
 }
 
-async fn wait_pod(pods: &Api<Pod>, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
-    let r = tokio::time::timeout(
-        Duration::from_secs(20),
-        kube::runtime::wait::await_condition(pods.clone(), "gs-1", |p: Option<&Pod>| {
-            p.is_some_and(&check)
-        }),
-    )
-    .await;
-    match r {
-        Ok(Ok(Some(p))) => p,
-        other => panic!(
-            "{what}: not reached ({other:?}); pod now: {:#?}",
-            pods.get("gs-1").await.ok().map(|p| (p.metadata, p.status))
-        ),
-    }
-}
-
 fn condition(pod: &Pod, type_: &str) -> Option<String> {
     pod.status
         .as_ref()?
@@ -101,10 +84,6 @@ fn condition(pod: &Pod, type_: &str) -> Option<String> {
         .iter()
         .find(|c| c.type_ == type_)
         .map(|c| c.status.clone())
-}
-
-fn annotation(pod: &Pod, key: &str) -> Option<String> {
-    pod.metadata.annotations.as_ref()?.get(key).cloned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,7 +155,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     let pods: Api<Pod> = Api::namespaced(api.client(), "test");
 
     // Probe fails (no flag) → condition False → marker label false.
-    let p = wait_pod(&pods, "failed marker", |p| {
+    let p = wait_pod(&pods, "gs-1", "failed marker", |p| {
         label(p, "server-healthy").as_deref() == Some("false")
     })
     .await;
@@ -191,7 +170,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
 
     // Probe succeeds → True → label true, deletion cost -10.
     std::fs::write(&flag, "ok").unwrap();
-    let p = wait_pod(&pods, "succeeded marker", |p| {
+    let p = wait_pod(&pods, "gs-1", "succeeded marker", |p| {
         label(p, "server-healthy").as_deref() == Some("true")
     })
     .await;
@@ -216,17 +195,17 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     .await
     .unwrap();
     let flag2_text = flag2.display().to_string();
-    let p = wait_pod(&pods, "annotation propagated", |p| {
+    let p = wait_pod(&pods, "gs-1", "annotation propagated", |p| {
         annotation(p, PODPROBE).is_some_and(|a| a.contains(&flag2_text))
     })
     .await;
     assert_eq!(annotation(&p, LIST).as_deref(), Some("game"));
-    wait_pod(&pods, "edited probe fails", |p| {
+    wait_pod(&pods, "gs-1", "edited probe fails", |p| {
         label(p, "server-healthy").as_deref() == Some("false")
     })
     .await;
     std::fs::write(&flag2, "ok").unwrap();
-    wait_pod(&pods, "edited probe succeeds", |p| {
+    wait_pod(&pods, "gs-1", "edited probe succeeds", |p| {
         label(p, "server-healthy").as_deref() == Some("true")
     })
     .await;
@@ -250,7 +229,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
 
     // Delete the PPM: both annotations go (markers stay, as in OpenKruise).
     ppms.delete("game", &DeleteParams::default()).await.unwrap();
-    let p = wait_pod(&pods, "annotations removed", |p| {
+    let p = wait_pod(&pods, "gs-1", "annotations removed", |p| {
         annotation(p, PODPROBE).is_none() && annotation(p, LIST).is_none()
     })
     .await;

@@ -21,7 +21,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use podprobe_manager::crd::PodProbeMarker;
 use podprobe_manager::webhook::Mode;
 use serde_json::{Value, json};
-use support::{LIST, PODPROBE, Sidecar, app_pod, label, ppm, sidecar_binary};
+use support::{LIST, PODPROBE, Sidecar, annotation, app_pod, label, ppm, sidecar_binary, wait_pod};
 
 use installed::{NS, Running, install_and_run, start_control_plane};
 
@@ -54,23 +54,6 @@ fn game_ppm(flag: &Path) -> Value {
             }]
         }
     })
-}
-
-async fn wait_pod(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
-    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
-        p.is_some_and(&check)
-    });
-    match tokio::time::timeout(LIMIT, cond).await {
-        Ok(Ok(Some(p))) => p,
-        other => panic!(
-            "{what}: not reached ({other:?}): {:#?}",
-            pods.get(name).await.ok()
-        ),
-    }
-}
-
-fn annotation(pod: &Pod, key: &str) -> Option<String> {
-    pod.metadata.annotations.as_ref()?.get(key).cloned()
 }
 
 /// The kubelet's report for the admitted pod: running on 127.0.0.1, the native sidecar and

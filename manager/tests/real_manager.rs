@@ -16,29 +16,12 @@ use kube::{Api, Client};
 use podprobe_manager::crd::PodProbeMarker;
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
-use support::{LIST, PODPROBE, TV03_PODPROBE, app_pod, label, ppm, tv03_ppm};
+use support::{LIST, PODPROBE, TV03_PODPROBE, annotation, app_pod, label, ppm, tv03_ppm, wait_pod};
 
 use installed::{NS, Running, install_and_run, start_control_plane};
 
 const LIMIT: Duration = Duration::from_secs(30);
 const MANAGER_USER: &str = "system:serviceaccount:podprobe-system:podprobe-manager";
-
-async fn wait_pod(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
-    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
-        p.is_some_and(&check)
-    });
-    match tokio::time::timeout(LIMIT, cond).await {
-        Ok(Ok(Some(p))) => p,
-        other => panic!(
-            "{what}: not reached ({other:?}): {:#?}",
-            pods.get(name).await.ok()
-        ),
-    }
-}
-
-fn annotation(pod: &Pod, key: &str) -> Option<String> {
-    pod.metadata.annotations.as_ref()?.get(key).cloned()
-}
 
 /// Sets the probe's condition as the sidecar would (admin stands in for it here).
 async fn set_condition(client: &Client, name: &str, status: &str) {

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use testkit::real::{ControlPlane, KruiseAddrs};
 
 use super::installed::{Running, install_and_run, start_control_plane};
+pub use super::support::annotation;
 use super::support::vk_node;
 
 /// Where the "everything before this is cached" marker lives.
@@ -172,8 +173,4 @@ impl SideBySide {
                 .unwrap_or_else(|_| panic!("{name} not in a webhook's cache within {LIMIT:?}"));
         }
     }
-}
-
-pub fn annotation(pod: &Pod, key: &str) -> Option<String> {
-    pod.metadata.annotations.as_ref()?.get(key).cloned()
 }

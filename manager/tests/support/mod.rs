@@ -336,6 +336,30 @@ pub fn label(pod: &Pod, key: &str) -> Option<String> {
     pod.metadata.labels.as_ref()?.get(key).cloned()
 }
 
+pub fn annotation(pod: &Pod, key: &str) -> Option<String> {
+    pod.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+/// Waits (watching, up to a minute) until `check` holds for pod `name`; panics with `what`
+/// and the pod as it is then.
+pub async fn wait_pod(
+    pods: &kube::Api<Pod>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Pod) -> bool,
+) -> Pod {
+    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
+        p.is_some_and(&check)
+    });
+    match tokio::time::timeout(Duration::from_secs(60), cond).await {
+        Ok(Ok(Some(p))) => p,
+        other => panic!(
+            "{what}: not reached ({other:?}): {:#?}",
+            pods.get(name).await.ok()
+        ),
+    }
+}
+
 /// `target/<profile>/podprobe`, built if needed (`CARGO_BIN_EXE_podprobe` exists only in the
 /// root package's tests). The test executable lives in `target/<profile>/deps/`.
 pub fn sidecar_binary() -> PathBuf {
