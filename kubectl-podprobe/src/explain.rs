@@ -1,0 +1,327 @@
+//! `kubectl podprobe explain POD`: the chain from PodProbeMarker to marker, link by link, one
+//! sentence each, and the first link that breaks.
+
+use podprobe_protocol::annotation::PODPROBE_ANNOTATION;
+
+use crate::facts::{PodFacts, event_time};
+use crate::inspect::{self, AnnotationState, Expected, NodeKind, Settings, Sidecar};
+
+/// The sidecar's Event reasons (see the sidecar's `EventReason`).
+const OVERWRITTEN: &str = "PodProbeConditionOverwritten";
+
+/// One link of the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub name: &'static str,
+    pub ok: bool,
+    pub finding: String,
+}
+
+fn link(name: &'static str, ok: bool, finding: String) -> Link {
+    Link { name, ok, finding }
+}
+
+/// Every link, in the order a marker depends on them.
+pub fn chain(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
+    let expected = inspect::expected(facts);
+    let mut links = vec![
+        marker_link(facts, &expected),
+        annotation_link(facts, &expected),
+        probes_link(facts),
+        sidecar_link(facts, settings),
+        node_link(facts, settings),
+    ];
+    links.extend(probe_links(facts, &expected));
+    links
+}
+
+fn marker_link(facts: &PodFacts, expected: &Expected) -> Link {
+    let pod = &facts.pod;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    if facts.markers.is_none() {
+        return link(
+            "PodProbeMarker",
+            false,
+            "the PodProbeMarker CRD (apps.kruise.io/v1alpha1) is not installed: install OpenKruise or podprobe-manager".into(),
+        );
+    }
+    let names: Vec<&str> = expected
+        .markers
+        .iter()
+        .map(|m| m.metadata.name.as_deref().unwrap_or_default())
+        .collect();
+    if names.is_empty() {
+        let labels: Vec<String> = pod
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let how = match inspect::marker_list(pod) {
+            Some(list) => {
+                format!("its kruise.io/podprobemarker-list names {list:?}, none of which exists")
+            }
+            None => format!("no selector matches its labels ({})", labels.join(", ")),
+        };
+        return link(
+            "PodProbeMarker",
+            false,
+            format!("no PodProbeMarker in namespace {namespace} selects the pod: {how}"),
+        );
+    }
+    let by = if inspect::marker_list(pod).is_some() {
+        "its kruise.io/podprobemarker-list names"
+    } else {
+        "selected by"
+    };
+    let text = format!("{by} PodProbeMarker {}", names.join(", "));
+    if expected.annotation.is_none() {
+        return link(
+            "PodProbeMarker",
+            false,
+            format!(
+                "{text}, but none of their probes applies (each needs a podConditionType and a container of this pod)"
+            ),
+        );
+    }
+    link("PodProbeMarker", true, text)
+}
+
+fn annotation_link(facts: &PodFacts, expected: &Expected) -> Link {
+    let listed = |v: &str| {
+        inspect::listed_probes(v)
+            .iter()
+            .map(|p| format!("{} ({})", p.name, p.condition_type))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let actual = inspect::annotation(&facts.pod, PODPROBE_ANNOTATION).unwrap_or_default();
+    match inspect::annotation_state(facts, expected) {
+        AnnotationState::Current => link("annotation", true, format!("kruise.io/podprobe lists {}", listed(actual))),
+        AnnotationState::Absent => link("annotation", false, "the pod has no kruise.io/podprobe annotation".into()),
+        AnnotationState::Missing => link(
+            "annotation",
+            false,
+            "the pod has no kruise.io/podprobe annotation although its PodProbeMarkers give it probes: it was created before them or without the pod webhook (OpenKruise writes the annotation only at creation: recreate the pod; podprobe-manager backfills it)".into(),
+        ),
+        AnnotationState::OutOfDate => link(
+            "annotation",
+            false,
+            format!(
+                "kruise.io/podprobe is out of date with its PodProbeMarkers ({}): OpenKruise never updates it, recreate the pod; podprobe-manager rewrites it",
+                differences(actual, expected.annotation.as_deref().unwrap_or_default())
+            ),
+        ),
+        AnnotationState::Unowned => link(
+            "annotation",
+            true,
+            format!("kruise.io/podprobe lists {} (no PodProbeMarker gives them: written by hand or left by a deleted one)", listed(actual)),
+        ),
+    }
+}
+
+/// Which probes of `actual` differ from `wanted`, by condition type.
+fn differences(actual: &str, wanted: &str) -> String {
+    let entries = |v: &str| -> Vec<(String, serde_json::Value)> {
+        let list: Vec<serde_json::Value> = serde_json::from_str(v).unwrap_or_default();
+        list.into_iter()
+            .map(|e| {
+                (
+                    e["podConditionType"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    e,
+                )
+            })
+            .collect()
+    };
+    let (actual, wanted) = (entries(actual), entries(wanted));
+    let find = |list: &[(String, serde_json::Value)], ct: &str| {
+        list.iter().find(|(c, _)| c == ct).map(|(_, e)| e.clone())
+    };
+    let name = |e: &serde_json::Value| e["name"].as_str().unwrap_or_default().to_owned();
+    let mut found = Vec::new();
+    for (ct, entry) in &wanted {
+        match find(&actual, ct) {
+            None => found.push(format!("probe {} ({ct}) added", name(entry))),
+            Some(old) if &old != entry => {
+                found.push(format!("probe {} ({ct}) changed", name(entry)))
+            }
+            Some(_) => {}
+        }
+    }
+    for (ct, entry) in &actual {
+        if find(&wanted, ct).is_none() {
+            found.push(format!("probe {} ({ct}) removed", name(entry)));
+        }
+    }
+    if found.is_empty() {
+        found.push("same probes, other order or bytes".into());
+    }
+    found.join(", ")
+}
+
+fn probes_link(facts: &PodFacts) -> Link {
+    let invalid = inspect::invalid_probes(&facts.pod);
+    if invalid.is_empty() {
+        return link("probes", true, "every probe is valid".into());
+    }
+    let why: Vec<String> = invalid.iter().map(ToString::to_string).collect();
+    link(
+        "probes",
+        false,
+        format!("the sidecar refuses {}", why.join("; ")),
+    )
+}
+
+fn sidecar_link(facts: &PodFacts, settings: &Settings) -> Link {
+    let name = &settings.sidecar_container;
+    match inspect::sidecar(&facts.pod, name) {
+        Sidecar::Ready => link("sidecar", true, format!("container {name} is ready")),
+        Sidecar::Missing => link(
+            "sidecar",
+            false,
+            format!(
+                "the pod has no {name} container: nothing runs its probes (with podprobe-manager, label the namespace podprobe.io/inject=enabled and recreate the pod)"
+            ),
+        ),
+        Sidecar::NotReady(why) => link(
+            "sidecar",
+            false,
+            format!("container {name} is not ready ({why})"),
+        ),
+    }
+}
+
+fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
+    let (key, value) = &settings.serverless_label;
+    match inspect::node_kind(facts, settings) {
+        NodeKind::Serverless(n) => {
+            link("node", true, format!("node {n} is labelled {key}={value}"))
+        }
+        NodeKind::Unscheduled => link("node", false, "the pod is not scheduled yet".into()),
+        NodeKind::Unknown(n) => link("node", false, format!("node {n} does not exist")),
+        NodeKind::Regular(n) => link(
+            "node",
+            false,
+            format!(
+                "node {n} is not labelled {key}={value}: the managers write markers only for pods of serverless nodes (kruise-daemon probes pods of other nodes)"
+            ),
+        ),
+    }
+}
+
+/// Per probe of the annotation: its condition, its policy for that state, its markers.
+fn probe_links(facts: &PodFacts, expected: &Expected) -> Vec<Link> {
+    let pod = &facts.pod;
+    let listed = inspect::annotation(pod, PODPROBE_ANNOTATION)
+        .map(inspect::listed_probes)
+        .unwrap_or_default();
+    let mut links = Vec::new();
+    for probe in listed {
+        let ct = &probe.condition_type;
+        let Some(condition) = inspect::condition(pod, ct) else {
+            let finding = match overwritten(facts, ct) {
+                Some(note) => {
+                    format!("condition {ct} is missing: another writer removed it ({note})")
+                }
+                None => format!("condition {ct} is missing: the sidecar has not written it"),
+            };
+            links.push(link("condition", false, finding));
+            continue;
+        };
+        let message = condition.message.as_deref().unwrap_or_default();
+        let ok = condition.status == "True";
+        let state = if ok { "succeeds" } else { "does not succeed" };
+        links.push(link(
+            "condition",
+            ok,
+            format!(
+                "condition {ct} is {} ({message:?}): probe {} {state}",
+                condition.status, probe.name
+            ),
+        ));
+        let Some((marker, policies)) = inspect::policies(expected, ct) else {
+            continue;
+        };
+        let Some(policy) = inspect::policy_for(policies, &condition.status) else {
+            links.push(link(
+                "policy",
+                false,
+                format!("PodProbeMarker {marker} has no markerPolicy for state {} of probe {}: nothing is written for it", podprobe_protocol::state::ProbeState::of_condition_status(&condition.status).as_str(), probe.name),
+            ));
+            continue;
+        };
+        let keys = inspect::marker_keys(pod, policy);
+        let missing: Vec<&str> = keys
+            .iter()
+            .filter(|(_, on)| !on)
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let all: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+        if missing.is_empty() {
+            links.push(link(
+                "markers",
+                true,
+                format!(
+                    "the {} policy's markers are on the pod: {}",
+                    policy.state,
+                    all.join(", ")
+                ),
+            ));
+        } else {
+            let verb = if missing.len() == 1 { "is" } else { "are" };
+            links.push(link(
+                "markers",
+                false,
+                format!(
+                    "the {} policy's {} {verb} not on the pod: is the manager (kruise-manager or podprobe-manager) running?",
+                    policy.state,
+                    missing.join(", ")
+                ),
+            ));
+        }
+    }
+    links
+}
+
+/// The newest `PodProbeConditionOverwritten` Event for `condition_type`, as a note.
+fn overwritten(facts: &PodFacts, condition_type: &str) -> Option<String> {
+    facts
+        .events
+        .iter()
+        .rev()
+        .filter(|e| e.reason.as_deref() == Some(OVERWRITTEN))
+        .find(|e| {
+            e.message
+                .as_deref()
+                .is_some_and(|m| m.contains(condition_type))
+        })
+        .map(|e| {
+            format!(
+                "Event {OVERWRITTEN}: {}",
+                e.message.as_deref().unwrap_or_default()
+            )
+        })
+}
+
+/// The events about the pod, as `explain` lists them.
+pub fn event_lines(facts: &PodFacts, settings: &Settings) -> Vec<String> {
+    facts
+        .events
+        .iter()
+        .map(|e| {
+            let age = event_time(e)
+                .map(|t| inspect::human_age(inspect::age(settings.now, t)))
+                .unwrap_or_else(|| "?".into());
+            format!(
+                "{age} ago\t{}\t{}\t{}",
+                e.type_.as_deref().unwrap_or_default(),
+                e.reason.as_deref().unwrap_or_default(),
+                e.message.as_deref().unwrap_or_default()
+            )
+        })
+        .collect()
+}

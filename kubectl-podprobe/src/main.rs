@@ -1,0 +1,86 @@
+//! The `kubectl-podprobe` binary: parse, connect, read, print.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+use kubectl_podprobe::args::{Cli, Command, Global};
+use kubectl_podprobe::facts::{Cluster, FactsError};
+use kubectl_podprobe::inspect::{self, Settings};
+use kubectl_podprobe::{explain, get, render};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error(transparent)]
+    Facts(#[from] FactsError),
+    #[error("--serverless-node-label must be KEY=VALUE, not {0:?}")]
+    NodeLabel(String),
+    #[error("cannot write the output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+fn settings(global: &Global) -> Result<Settings, Error> {
+    let (key, value) = global
+        .serverless_node_label
+        .split_once('=')
+        .ok_or_else(|| Error::NodeLabel(global.serverless_node_label.clone()))?;
+    Ok(Settings {
+        sidecar_container: global.sidecar_container.clone(),
+        serverless_label: (key.to_owned(), value.to_owned()),
+        refresh_interval: global.refresh_interval,
+        now: jiff::Timestamp::now(),
+    })
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    let settings = settings(&cli.global)?;
+    let cluster = Cluster::connect(&cli.global).await?;
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Get(args) => {
+            let pods = if args.pods.is_empty() {
+                cluster
+                    .pods(args.all_namespaces, args.selector.as_deref())
+                    .await?
+            } else {
+                let mut pods = Vec::new();
+                for name in &args.pods {
+                    pods.push(cluster.pod(name).await?);
+                }
+                pods
+            };
+            let facts = cluster.facts(pods).await?;
+            let rows: Vec<get::ProbeRow> = facts
+                .iter()
+                .filter(|f| !args.pods.is_empty() || get::has_probes(f))
+                .flat_map(|f| get::rows(f, &settings))
+                .collect();
+            if rows.is_empty() && args.output.is_none() {
+                eprintln!("No pods with PodProbeMarker probes found.");
+            } else {
+                render::rows(&mut out, &rows, args.output, args.all_namespaces)?;
+            }
+        }
+        Command::Explain(args) => {
+            let pod = cluster.pod(&args.pod).await?;
+            let facts = cluster.facts(vec![pod]).await?.remove(0);
+            let links = explain::chain(&facts, &settings);
+            let events = explain::event_lines(&facts, &settings);
+            render::explain(&mut out, &inspect::pod_name(&facts.pod), &links, &events)?;
+        }
+    }
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
+}

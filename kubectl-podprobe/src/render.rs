@@ -1,0 +1,182 @@
+//! Printing: `get` as a kubectl-style table (`-o wide` for every column in full), JSON or
+//! YAML; `explain` as one line per link.
+
+use std::io::{self, Write};
+
+use crate::args::Output;
+use crate::explain::Link;
+use crate::get::ProbeRow;
+use crate::inspect::human_age;
+
+/// Longest message the narrow table shows.
+const MESSAGE_WIDTH: usize = 40;
+
+/// `get`'s output; `namespaces` adds the NAMESPACE column (`-A`), as kubectl does.
+pub fn rows(
+    out: &mut impl Write,
+    rows: &[ProbeRow],
+    format: Option<Output>,
+    namespaces: bool,
+) -> io::Result<()> {
+    match format {
+        Some(Output::Json) => {
+            let list = serde_json::json!({"items": rows});
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string_pretty(&list).map_err(io::Error::other)?
+            )
+        }
+        Some(Output::Yaml) => {
+            let list = serde_json::json!({"items": rows});
+            let yaml = serde_saphyr::to_string(&list).map_err(io::Error::other)?;
+            write!(out, "{yaml}")
+        }
+        Some(Output::Wide) => table(out, rows, true, namespaces),
+        None => table(out, rows, false, namespaces),
+    }
+}
+
+fn table(
+    out: &mut impl Write,
+    rows: &[ProbeRow],
+    wide: bool,
+    all_namespaces: bool,
+) -> io::Result<()> {
+    let mut lines: Vec<Vec<String>> = Vec::new();
+    let mut header = vec![
+        "POD",
+        "PROBE",
+        "CONDITION",
+        "STATUS",
+        "MESSAGE",
+        "TRANSITION",
+        "PROBED",
+        "MARKERS",
+        "WARNINGS",
+    ];
+    if all_namespaces {
+        header.insert(0, "NAMESPACE");
+    }
+    if wide {
+        let after_probe = header.iter().position(|h| *h == "PROBE").unwrap_or(0) + 1;
+        header.insert(after_probe, "CONTAINER");
+    }
+    lines.push(header.iter().map(|h| (*h).to_owned()).collect());
+    for r in rows {
+        let mut line = Vec::new();
+        if all_namespaces {
+            line.push(r.namespace.clone());
+        }
+        line.push(r.pod.clone());
+        line.push(r.probe.clone());
+        if wide {
+            line.push(r.container.clone());
+        }
+        line.push(r.condition_type.clone());
+        line.push(r.status.clone().unwrap_or_else(|| "<none>".into()));
+        let message = r.message.clone().unwrap_or_default();
+        line.push(if wide { message } else { shorten(&message) });
+        let age = |s: Option<i64>| s.map(human_age).unwrap_or_else(|| "<none>".into());
+        line.push(age(r.since_transition_seconds));
+        line.push(age(r.since_probe_seconds));
+        line.push(dash_if_empty(&r.markers, wide));
+        line.push(dash_if_empty(&r.warnings, true));
+        lines.push(line);
+    }
+    let widths: Vec<usize> = (0..lines[0].len())
+        .map(|i| {
+            lines
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for line in &lines {
+        let cells: Vec<String> = line
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        writeln!(out, "{}", cells.join("   ").trim_end())?;
+    }
+    Ok(())
+}
+
+fn shorten(message: &str) -> String {
+    let one_line = message.replace('\n', " ");
+    if one_line.chars().count() <= MESSAGE_WIDTH {
+        return one_line;
+    }
+    let cut: String = one_line.chars().take(MESSAGE_WIDTH - 3).collect();
+    format!("{cut}...")
+}
+
+/// The items joined (all of them, or the count beyond the first when narrow), `-` if none.
+fn dash_if_empty(items: &[String], all: bool) -> String {
+    match items {
+        [] => "-".into(),
+        [one] => one.clone(),
+        [first, rest @ ..] if !all => format!("{first} +{}", rest.len()),
+        _ => items.join(","),
+    }
+}
+
+/// `explain`: one line per link, the first broken one pointed out, then the events.
+pub fn explain(
+    out: &mut impl Write,
+    pod: &str,
+    links: &[Link],
+    events: &[String],
+) -> io::Result<()> {
+    writeln!(out, "Pod {pod}")?;
+    let first_broken = links.iter().position(|l| !l.ok);
+    for (i, l) in links.iter().enumerate() {
+        let mark = if l.ok { "ok  " } else { "FAIL" };
+        let pointer = if Some(i) == first_broken {
+            "   <- first broken link"
+        } else {
+            ""
+        };
+        writeln!(out, "  {mark} {:<14} {}{pointer}", l.name, l.finding)?;
+    }
+    match first_broken {
+        Some(i) => writeln!(
+            out,
+            "First broken link: {}: {}",
+            links[i].name, links[i].finding
+        )?,
+        None => writeln!(out, "Every link holds.")?,
+    }
+    writeln!(out, "Events:")?;
+    if events.is_empty() {
+        writeln!(out, "  <none>")?;
+    }
+    for e in events {
+        writeln!(out, "  {e}")?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_on_a_char_boundary() {
+        let m = "é".repeat(50);
+        let s = shorten(&m);
+        assert_eq!(s.chars().count(), MESSAGE_WIDTH);
+        assert!(s.ends_with("..."));
+        assert_eq!(shorten("short"), "short");
+    }
+
+    #[test]
+    fn lists_collapse_when_narrow() {
+        let items = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        assert_eq!(dash_if_empty(&items, false), "a +2");
+        assert_eq!(dash_if_empty(&items, true), "a,b,c");
+        assert_eq!(dash_if_empty(&[], false), "-");
+    }
+}
