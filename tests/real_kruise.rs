@@ -169,8 +169,15 @@ async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
     for type_ in [IDLE, PORT, HEALTHY] {
         assert!(has_status(&pod, type_, "True"), "{type_} True: {pod:?}");
     }
-    let status = ppms.get_status("game").await.unwrap().data["status"].clone();
-    assert_eq!(status["matchedPods"], 1, "Kruise counts the pod: {status}");
+    // Kruise writes the status at the end of the reconcile that wrote the markers.
+    let counted = async {
+        while ppms.get_status("game").await.unwrap().data["status"]["matchedPods"] != 1 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, counted)
+        .await
+        .unwrap_or_else(|_| panic!("Kruise did not count the pod in the PodProbeMarker's status"));
 
     // The port closes: podprobe writes False; Kruise has no Failed policy for it and, on its
     // serverless path, never removes the Succeeded policy's label (spec §8 gap 3; the
