@@ -44,6 +44,8 @@ struct Spec<'a> {
     /// (condition type, status, message)
     condition: Option<(&'a str, &'a str, &'a str)>,
     labels: &'a [(&'a str, &'a str)],
+    /// The condition was last probed an hour ago (more than twice the 10 min refresh).
+    stale: bool,
 }
 
 impl Cluster {
@@ -143,8 +145,13 @@ impl Cluster {
         }
         let mut conditions = vec![json!({"type": "Initialized", "status": "True"})];
         if let Some((type_, status, message)) = spec.condition {
+            let probed = if spec.stale {
+                (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600)).to_string()
+            } else {
+                self.then.clone()
+            };
             conditions.push(json!({"type": type_, "status": status, "message": message,
-                "lastProbeTime": self.then, "lastTransitionTime": self.then}));
+                "lastProbeTime": probed, "lastTransitionTime": self.then}));
         }
         let status = json!({"status": {"phase": "Running", "conditions": conditions,
             "containerStatuses": statuses}});
@@ -212,6 +219,7 @@ fn ok(name: &str) -> Spec<'_> {
         annotation: None,
         condition: Some((IDLE, "True", "idle")),
         labels: &[("idle", "true")],
+        stale: false,
     }
 }
 
@@ -293,6 +301,12 @@ async fn explain_names_the_first_broken_link_for_each_cause() {
         })
         .await;
     cluster.overwritten_event("gs-wiped", IDLE).await;
+    cluster
+        .pod(Spec {
+            stale: true,
+            ..ok("gs-silent")
+        })
+        .await;
 
     for (pod, expected) in expectations() {
         assert_explains(&cluster, pod, expected);
@@ -474,6 +488,7 @@ gs-no-policy       idle    game.io/half    True     idle              5m        
 gs-no-sidecar      idle    game.io/game    <none>                     <none>       <none>   -                  condition-missing,sidecar-missing
 gs-ok              idle    game.io/game    True     idle              5m           5m       label idle=true    -
 gs-regular-node    idle    game.io/game    True     idle              5m           5m       -                  node-not-serverless
+gs-silent          idle    game.io/game    True     idle              5m           60m      label idle=true    stale
 gs-stale           idle    game.io/game    True     idle              5m           5m       label idle=true    annotation-out-of-date
 gs-wiped           idle    game.io/game    <none>                     <none>       <none>   -                  condition-missing
 ";
