@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
-# kubectl, kubelet, etcd, helm, OpenKruise's kruise-manager)
-# from the Go modules pinned in hack/{k8s,etcd,helm,kruise}, with the ordinary Go toolchain: no
+# kubectl, kubelet, etcd, helm, OpenKruise's kruise-manager, krew and its manifest validator)
+# from the Go modules pinned in hack/{k8s,etcd,helm,kruise,krew}, with the ordinary Go toolchain: no
 # prebuilt download. Prints, as the last line of stdout, the directory holding them.
 # OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of the
 # same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml.
@@ -17,7 +17,7 @@ cache_root="${PODPROBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-too
 
 key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etcd/go.sum \
   "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/kruise/go.mod "$hack"/kruise/go.sum \
-  "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
+  "$hack"/krew/go.mod "$hack"/krew/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
 bin="$dest/bin"
 
@@ -65,6 +65,10 @@ build k8s "$k8s_ldflags" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserv
 build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
 build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
 build kruise "-s -w" "$dest.partial/bin/kruise-manager" github.com/openkruise/kruise
+# krew as it installs itself (kubectl-krew), and the validator krew-index runs on manifests.
+build krew "-s -w" "$dest.partial/bin/kubectl-krew" sigs.k8s.io/krew/cmd/krew
+build krew "-s -w" "$dest.partial/bin/validate-krew-manifest" \
+  sigs.k8s.io/krew/cmd/validate-krew-manifest
 
 # The module's own install manifests, as `make manifests` + kustomize would deploy them.
 kruise_src="$(cd "$hack/kruise" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/openkruise/kruise)"
