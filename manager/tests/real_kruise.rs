@@ -12,7 +12,6 @@ mod installed;
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,9 +20,9 @@ use kube::api::{Patch, PatchParams, PostParams};
 use podprobe_manager::crd::PodProbeMarker;
 use podprobe_manager::webhook::Mode;
 use serde_json::{Value, json};
-use support::{LIST, PODPROBE, Sidecar, annotation, app_pod, label, ppm, sidecar_binary, wait_pod};
+use support::{LIST, PODPROBE, annotation, app_pod, label, ppm, wait_pod};
 
-use installed::{NS, Running, install_and_run, start_control_plane};
+use installed::{NS, install_and_run, kubelet_status, run_injected_sidecar, start_control_plane};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const HEALTHY: &str = "game.kruise.io/healthy";
@@ -54,52 +53,6 @@ fn game_ppm(flag: &Path) -> Value {
             }]
         }
     })
-}
-
-/// The kubelet's report for the admitted pod: running on 127.0.0.1, the native sidecar and
-/// `main` started.
-fn kubelet_status() -> Value {
-    let running = |name: &str, id: &str| {
-        json!({"name": name, "ready": true, "restartCount": 0, "image": "img", "imageID": "",
-               "containerID": id, "started": true,
-               "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
-    };
-    json!({"status": {
-        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
-        "conditions": [{"type": "PodScheduled", "status": "True"},
-                       {"type": "Initialized", "status": "True"}],
-        "initContainerStatuses": [running("podprobe", "containerd://sidecar")],
-        "containerStatuses": [running("main", "containerd://main-1")]
-    }})
-}
-
-/// The injected container run as the kubelet would run it: its args, the downward-API
-/// environment it declares, a token of the pod's ServiceAccount bound to the pod.
-async fn run_injected_sidecar(running: &Running, pod: &Pod) -> Sidecar {
-    let spec = pod.spec.as_ref().unwrap();
-    let container = &spec.init_containers.as_ref().unwrap()[0];
-    let token = running.cp.pod_token(SIDECAR_SA, pod).await.unwrap();
-    let kubeconfig = running.dir.path().join("sidecar.kubeconfig");
-    running
-        .cp
-        .write_kubeconfig_for_token(&kubeconfig, &token)
-        .unwrap();
-    let log = running.dir.path().join("sidecar.log");
-    let meta = &pod.metadata;
-    let child = Command::new(sidecar_binary())
-        .args(container.args.iter().flatten())
-        .env("POD_NAME", meta.name.as_deref().unwrap())
-        .env("POD_NAMESPACE", meta.namespace.as_deref().unwrap())
-        .env("POD_UID", meta.uid.as_deref().unwrap())
-        .env("POD_IP", "127.0.0.1")
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "podprobe=debug,info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start the sidecar");
-    Sidecar { child, log }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,11 +101,11 @@ async fn companion_injects_the_sidecar_and_kruise_marks_what_it_probes() {
     pods.patch_status(
         "gs-1",
         &PatchParams::default(),
-        &Patch::Strategic(kubelet_status()),
+        &Patch::Strategic(kubelet_status("main")),
     )
     .await
     .unwrap();
-    let _sidecar = run_injected_sidecar(&running, &created).await;
+    let _sidecar = run_injected_sidecar(&running, &created, SIDECAR_SA).await;
 
     // No flag: the probe fails, podprobe writes False, Kruise marks Failed.
     let pod = wait_pod(&pods, "gs-1", "Failed markers by Kruise", |p| {

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Api;
 use kube::api::PostParams;
@@ -13,10 +14,11 @@ use podprobe_manager::config::InjectionConfig;
 use podprobe_manager::pods::MarkerScope;
 use podprobe_manager::run::{LeaderOptions, Manager, Options};
 use podprobe_manager::webhook::Mode;
-use serde_json::json;
+use serde_json::{Value, json};
+use std::process::{Command, Stdio};
 use testkit::real::ControlPlane;
 
-use super::support::vk_node;
+use super::support::{Sidecar, sidecar_binary, vk_node};
 use super::{cluster, support};
 
 /// The namespace of the tests' pods and PodProbeMarkers.
@@ -137,4 +139,51 @@ pub async fn install_and_run(cp: ControlPlane, mode: Mode) -> Running {
         .await
         .expect("the manager turns ready");
     Running { cp, manager, dir }
+}
+
+/// The kubelet's report for the admitted pod: running on 127.0.0.1, the native sidecar and
+/// `app_container` started.
+pub fn kubelet_status(app_container: &str) -> Value {
+    let running = |name: &str, id: &str| {
+        json!({"name": name, "ready": true, "restartCount": 0, "image": "img", "imageID": "",
+               "containerID": id, "started": true,
+               "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
+    };
+    json!({"status": {
+        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+        "conditions": [{"type": "PodScheduled", "status": "True"},
+                       {"type": "Initialized", "status": "True"}],
+        "initContainerStatuses": [running("podprobe", "containerd://sidecar")],
+        "containerStatuses": [running(app_container, "containerd://main-1")]
+    }})
+}
+
+/// The injected container run as the kubelet would run it: its args, the downward-API
+/// environment it declares, a token of the pod's ServiceAccount bound to the pod.
+pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account: &str) -> Sidecar {
+    let spec = pod.spec.as_ref().unwrap();
+    let container = &spec.init_containers.as_ref().unwrap()[0];
+    let token = running.cp.pod_token(service_account, pod).await.unwrap();
+    let name = pod.metadata.name.as_deref().unwrap();
+    let kubeconfig = running.dir.path().join(format!("{name}.kubeconfig"));
+    running
+        .cp
+        .write_kubeconfig_for_token(&kubeconfig, &token)
+        .unwrap();
+    let log = running.dir.path().join(format!("{name}.sidecar.log"));
+    let meta = &pod.metadata;
+    let child = Command::new(sidecar_binary())
+        .args(container.args.iter().flatten())
+        .env("POD_NAME", meta.name.as_deref().unwrap())
+        .env("POD_NAMESPACE", meta.namespace.as_deref().unwrap())
+        .env("POD_UID", meta.uid.as_deref().unwrap())
+        .env("POD_IP", "127.0.0.1")
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "podprobe=debug,info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start the sidecar");
+    Sidecar { child, log }
 }

@@ -1,0 +1,162 @@
+//! The recipes of `examples/recipes/`, end to end on a real control plane: the committed
+//! YAML is applied as is, except what a test cannot have (a port of its own for the probe's
+//! target, the node the pods land on: nothing schedules here).
+
+mod cluster;
+mod installed;
+mod support;
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{
+    ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::{Api, Client};
+use podprobe_manager::webhook::Mode;
+use serde_json::{Value, json};
+use support::{label, wait_pod};
+
+use installed::{NS, install_and_run, kubelet_status, run_injected_sidecar, start_control_plane};
+
+const LIFECYCLE: &str = "lifecycle.apps.kruise.io/state";
+
+/// The documents of `examples/recipes/<name>`.
+fn recipe(name: &str) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/recipes")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    cluster::documents(&text)
+}
+
+/// An HTTP server on 127.0.0.1 that answers 200 while `up`, else 503.
+async fn serve(up: Arc<AtomicBool>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let up = up.clone();
+            let service = hyper::service::service_fn(move |_req| {
+                let status = if up.load(Ordering::Relaxed) { 200 } else { 503 };
+                async move {
+                    let mut response =
+                        hyper::Response::new(Full::new(Bytes::from_static(b"lobby")));
+                    *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service),
+            );
+        }
+    });
+    port
+}
+
+async fn create(client: &Client, doc: &Value) {
+    let (group, version) = doc["apiVersion"].as_str().unwrap().split_once('/').unwrap();
+    let gvk = GroupVersionKind::gvk(group, version, doc["kind"].as_str().unwrap());
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NS, &ApiResource::from_gvk(&gvk));
+    let object: DynamicObject = serde_json::from_value(doc.clone()).unwrap();
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("create {}: {e}", doc["kind"]));
+}
+
+/// `cloneset-prenormal.yaml`: the CloneSet's new pod waits in PreparingNormal until its probe
+/// passes; the marker label releases the hook and Kruise moves it to Normal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_releases_the_cloneset_prenormal_hook() {
+    let mut cp = start_control_plane().await;
+    cp.start_kruise_manager()
+        .await
+        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    let running = install_and_run(cp, Mode::Companion).await;
+    let admin = running.cp.client();
+    let registered = Arc::new(AtomicBool::new(false));
+    let port = serve(registered.clone()).await;
+
+    let mut docs = recipe("cloneset-prenormal.yaml");
+    assert_eq!(docs.len(), 2);
+    docs[0]["spec"]["probes"][0]["probe"]["httpGet"]["port"] = json!(port);
+    docs[1]["spec"]["template"]["spec"]["nodeName"] = json!("vk-1");
+    for doc in &docs {
+        create(&admin, doc).await;
+    }
+
+    // Kruise's CloneSet controller creates the pod through the admission chain: Kruise
+    // annotates it and podprobe injects the sidecar.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let created = async {
+        loop {
+            let list = pods
+                .list(&ListParams::default().labels("app=lobby"))
+                .await
+                .unwrap();
+            if let Some(pod) = list.items.into_iter().next() {
+                return pod;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    let pod = tokio::time::timeout(std::time::Duration::from_secs(60), created)
+        .await
+        .expect("the CloneSet creates its pod");
+    let name = pod.metadata.name.clone().unwrap();
+    assert_eq!(label(&pod, LIFECYCLE).as_deref(), Some("PreparingNormal"));
+    assert_eq!(
+        label(&pod, "example.com/traffic-online").as_deref(),
+        Some("false")
+    );
+    pods.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Strategic(kubelet_status("lobby")),
+    )
+    .await
+    .unwrap();
+    let _sidecar = run_injected_sidecar(&running, &pod, "podprobe-sidecar").await;
+
+    // Not registered yet: the probe fails and the hook holds.
+    let held = wait_pod(&pods, &name, "the probe's condition False", |p| {
+        condition(p, "example.com/registered") == Some("False")
+    })
+    .await;
+    assert_eq!(label(&held, LIFECYCLE).as_deref(), Some("PreparingNormal"));
+    assert_eq!(
+        label(&held, "example.com/traffic-online").as_deref(),
+        Some("false")
+    );
+
+    // Registered: True → Kruise's marker → the hook is released.
+    registered.store(true, Ordering::Relaxed);
+    let released = wait_pod(&pods, &name, "the pod goes Normal", |p| {
+        label(p, LIFECYCLE).as_deref() == Some("Normal")
+    })
+    .await;
+    assert_eq!(
+        label(&released, "example.com/traffic-online").as_deref(),
+        Some("true")
+    );
+    assert_eq!(condition(&released, "example.com/registered"), Some("True"));
+    running.manager.shutdown().await;
+}
+
+fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a str> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.as_str())
+}
