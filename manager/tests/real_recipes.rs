@@ -26,6 +26,7 @@ use support::{label, wait_pod};
 use installed::{NS, install_and_run, kubelet_status, run_injected_sidecar, start_control_plane};
 
 const LIFECYCLE: &str = "lifecycle.apps.kruise.io/state";
+const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// The documents of `examples/recipes/<name>`.
 fn recipe(name: &str) -> Vec<Value> {
@@ -148,6 +149,106 @@ async fn a_probe_releases_the_cloneset_prenormal_hook() {
         Some("true")
     );
     assert_eq!(condition(&released, "example.com/registered"), Some("True"));
+    running.manager.shutdown().await;
+}
+
+/// The pods of `app`, once there are `n` of them.
+async fn pods_of(pods: &Api<Pod>, app: &str, n: usize) -> Vec<Pod> {
+    let listed = async {
+        loop {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("app={app}")))
+                .await
+                .unwrap();
+            if list.items.len() == n {
+                return list.items;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), listed)
+        .await
+        .unwrap_or_else(|_| panic!("{n} pods of {app}"))
+}
+
+/// `idle-deletion-cost.yaml`: one idle and one busy server; scaled in, the Deployment's
+/// ReplicaSet (the real controllers) deletes the idle one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_in_removes_the_idle_server_first() {
+    let mut cp = start_control_plane().await;
+    cp.start_controller_manager(&["deployment-controller", "replicaset-controller"])
+        .unwrap_or_else(|e| panic!("kube-controller-manager: {e}"));
+    let running = install_and_run(cp, Mode::Standalone).await;
+    let admin = running.cp.client();
+    let flags = running.dir.path().join("idle");
+    std::fs::create_dir_all(&flags).unwrap();
+
+    let mut docs = recipe("idle-deletion-cost.yaml");
+    assert_eq!(docs.len(), 2);
+    // Each server's /idle.sh, here: idle while the test's flag file for that pod exists (the
+    // sidecar runs exec probes locally in this harness, with the pod's name in its
+    // environment).
+    let script = format!("cat {}/$POD_NAME", flags.display());
+    docs[0]["spec"]["probes"][0]["probe"]["exec"]["command"] = json!(["sh", "-c", script]);
+    docs[1]["spec"]["template"]["spec"]["nodeName"] = json!("vk-1");
+    for doc in &docs {
+        create(&admin, doc).await;
+    }
+
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let servers = pods_of(&pods, "arena", 2).await;
+    let names: Vec<String> = servers
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    let (idle, busy) = (&names[0], &names[1]);
+    std::fs::write(flags.join(idle), "idle").unwrap();
+    let mut sidecars = Vec::new();
+    for pod in &servers {
+        let name = pod.metadata.name.as_deref().unwrap();
+        let mut status = kubelet_status("arena");
+        status["status"]["conditions"]
+            .as_array_mut()
+            .unwrap()
+            .extend([
+                json!({"type": "ContainersReady", "status": "True"}),
+                json!({"type": "Ready", "status": "True"}),
+            ]);
+        pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(status))
+            .await
+            .unwrap();
+        sidecars.push(run_injected_sidecar(&running, pod, "podprobe-sidecar").await);
+    }
+    for (name, cost) in [(idle, "-5"), (busy, "5")] {
+        wait_pod(&pods, name, "the deletion cost", |p| {
+            support::annotation(p, DELETION_COST).as_deref() == Some(cost)
+        })
+        .await;
+    }
+
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(admin.clone(), NS);
+    deployments
+        .patch(
+            "arena",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .unwrap();
+    let deleted = wait_pod(&pods, idle, "the idle server deleted", |p| {
+        p.metadata.deletion_timestamp.is_some()
+    })
+    .await;
+    assert_eq!(
+        support::annotation(&deleted, DELETION_COST).as_deref(),
+        Some("-5")
+    );
+    let kept = pods.get(busy).await.unwrap();
+    assert!(
+        kept.metadata.deletion_timestamp.is_none(),
+        "the busy server stays"
+    );
     running.manager.shutdown().await;
 }
 
