@@ -76,16 +76,6 @@ fn kubelet_runs(api: &ApiServer, name: &str) {
     .unwrap();
 }
 
-fn condition(pod: &Pod, type_: &str) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.clone())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     let bin = sidecar_binary();
@@ -160,7 +150,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     })
     .await;
     assert_eq!(
-        condition(&p, "game.kruise.io/healthy").as_deref(),
+        condition_status(&p, "game.kruise.io/healthy").as_deref(),
         Some("False")
     );
     assert_eq!(
@@ -175,7 +165,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     })
     .await;
     assert_eq!(
-        condition(&p, "game.kruise.io/healthy").as_deref(),
+        condition_status(&p, "game.kruise.io/healthy").as_deref(),
         Some("True")
     );
     assert_eq!(

@@ -18,11 +18,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use podprobe_manager::crd::PodProbeMarker;
-use podprobe_manager::webhook::Mode;
 use serde_json::{Value, json};
 use support::{LIST, PODPROBE, annotation, app_pod, label, ppm, wait_pod};
 
-use installed::{NS, install_and_run, kubelet_status, run_injected_sidecar, start_control_plane};
+use installed::{NS, kruise_and_companion, kubelet_status, run_injected_sidecar};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const HEALTHY: &str = "game.kruise.io/healthy";
@@ -57,11 +56,7 @@ fn game_ppm(flag: &Path) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn companion_injects_the_sidecar_and_kruise_marks_what_it_probes() {
-    let mut cp = start_control_plane().await;
-    cp.start_kruise_manager()
-        .await
-        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
-    let running = install_and_run(cp, Mode::Companion).await;
+    let running = kruise_and_companion().await;
     let admin = running.cp.client();
     let flag = running.dir.path().join("healthy");
     let ppms: Api<PodProbeMarker> = Api::namespaced(admin.clone(), NS);

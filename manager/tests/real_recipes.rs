@@ -21,9 +21,12 @@ use kube::api::{
 use kube::{Api, Client};
 use podprobe_manager::webhook::Mode;
 use serde_json::{Value, json};
-use support::{label, wait_pod};
+use support::{condition_status, label, wait_pod};
 
-use installed::{NS, install_and_run, kubelet_status, run_injected_sidecar, start_control_plane};
+use installed::{
+    NS, install_and_run, kruise_and_companion, kubelet_status, run_injected_sidecar,
+    start_control_plane,
+};
 
 const LIFECYCLE: &str = "lifecycle.apps.kruise.io/state";
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
@@ -77,11 +80,7 @@ async fn create(client: &Client, doc: &Value) {
 /// passes; the marker label releases the hook and Kruise moves it to Normal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_releases_the_cloneset_prenormal_hook() {
-    let mut cp = start_control_plane().await;
-    cp.start_kruise_manager()
-        .await
-        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
-    let running = install_and_run(cp, Mode::Companion).await;
+    let running = kruise_and_companion().await;
     let admin = running.cp.client();
     let registered = Arc::new(AtomicBool::new(false));
     let port = serve(registered.clone()).await;
@@ -129,7 +128,7 @@ async fn a_probe_releases_the_cloneset_prenormal_hook() {
 
     // Not registered yet: the probe fails and the hook holds.
     let held = wait_pod(&pods, &name, "the probe's condition False", |p| {
-        condition(p, "example.com/registered") == Some("False")
+        condition_status(p, "example.com/registered").as_deref() == Some("False")
     })
     .await;
     assert_eq!(label(&held, LIFECYCLE).as_deref(), Some("PreparingNormal"));
@@ -148,7 +147,10 @@ async fn a_probe_releases_the_cloneset_prenormal_hook() {
         label(&released, "example.com/traffic-online").as_deref(),
         Some("true")
     );
-    assert_eq!(condition(&released, "example.com/registered"), Some("True"));
+    assert_eq!(
+        condition_status(&released, "example.com/registered").as_deref(),
+        Some("True")
+    );
     running.manager.shutdown().await;
 }
 
@@ -250,14 +252,4 @@ async fn scale_in_removes_the_idle_server_first() {
         "the busy server stays"
     );
     running.manager.shutdown().await;
-}
-
-fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a str> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.as_str())
 }

@@ -32,6 +32,16 @@ pub async fn start_control_plane() -> ControlPlane {
         .unwrap_or_else(|e| panic!("real control plane: {e}"))
 }
 
+/// OpenKruise's kruise-manager, and beside it the chart in companion mode with the manager
+/// running.
+pub async fn kruise_and_companion() -> Running {
+    let mut cp = start_control_plane().await;
+    cp.start_kruise_manager()
+        .await
+        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    install_and_run(cp, Mode::Companion).await
+}
+
 /// The chart's `mode` value.
 fn mode_value(mode: Mode) -> &'static str {
     match mode {

@@ -336,6 +336,17 @@ pub fn label(pod: &Pod, key: &str) -> Option<String> {
     pod.metadata.labels.as_ref()?.get(key).cloned()
 }
 
+/// The status of the pod's condition `type_`, if it has one.
+pub fn condition_status(pod: &Pod, type_: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
 pub fn annotation(pod: &Pod, key: &str) -> Option<String> {
     pod.metadata.annotations.as_ref()?.get(key).cloned()
 }
