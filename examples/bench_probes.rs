@@ -6,6 +6,7 @@
 //! uses `true` for exec, runs N sequential attempts of each kind and prints attempts/s and CPU
 //! time per attempt: podprobe's process (user+sys from getrusage, *including the in-process
 //! servers' side*) and, for exec, the children's CPU separately. SCALE multiplies N (default 1).
+//! The figures also go to `docs/perf/probe_cpu.csv` (plotted by `cargo run --example plot_perf`).
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
@@ -164,7 +165,7 @@ fn main() {
         "{:<10} {:>7} {:>12} {:>18} {:>22}",
         "kind", "N", "attempts/s", "CPU ms/attempt", "children CPU ms/att."
     );
-    for r in rows {
+    for r in &rows {
         let per = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(r.n);
         println!(
             "{:<10} {:>7} {:>12.0} {:>18.4} {:>22.4}",
@@ -178,4 +179,22 @@ fn main() {
     println!(
         "(CPU = podprobe process user+sys incl. the in-process test servers; exec children separately)"
     );
+    let mut csv = String::from(
+        "kind,attempts,attempts_per_s,cpu_ms_per_attempt,children_cpu_ms_per_attempt\n",
+    );
+    for r in &rows {
+        let per = |d: Duration| d.as_secs_f64() * 1000.0 / f64::from(r.n);
+        csv.push_str(&format!(
+            "{},{},{:.0},{:.4},{:.4}\n",
+            r.kind,
+            r.n,
+            f64::from(r.n) / r.wall.as_secs_f64(),
+            per(r.cpu_self),
+            per(r.cpu_children)
+        ));
+    }
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/perf/probe_cpu.csv");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    std::fs::write(&out, csv).unwrap();
+    println!("figures written to {}", out.display());
 }

@@ -1,6 +1,8 @@
 //! Footprint of the real podprobe binary with 10 probes (4 exec, 3 tcp, 3 http, period 1 s):
 //! RSS and CPU in `check` mode (no cluster) and in `run` mode against testkit, and apiserver
-//! writes per transition and per hour at steady state.
+//! writes per transition and per hour at steady state. Then `run` mode with 1 to 40 probes (the
+//! same mix), whose RSS and CPU also go to `docs/perf/sidecar.csv` (plotted by
+//! `cargo run --example plot_perf`).
 //!
 //!     cargo build --release && cargo run --release --example bench_sidecar
 //!
@@ -19,6 +21,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 const STEADY: Duration = Duration::from_secs(20);
+/// The measuring window of each point of the sweep by number of probes.
+const SWEEP_WINDOW: Duration = Duration::from_secs(10);
 
 fn binary() -> PathBuf {
     // PODPROBE_BIN measures another build (e.g. the static musl one the image ships).
@@ -71,23 +75,29 @@ fn cpu_ticks(pid: u32) -> u64 {
     get(14) + get(15) + get(16) + get(17)
 }
 
-fn annotation(flag_dir: &std::path::Path, tcp: u16, http: u16) -> String {
-    let mut entries = Vec::new();
-    for i in 0..4 {
-        let flag = flag_dir.join(format!("flag-{i}"));
-        std::fs::write(&flag, "up").unwrap();
-        entries.push(json!({"name": format!("exec-{i}"), "containerName": "main",
-            "probe": {"exec": {"command": ["sh", "-c", format!("cat {}", flag.display())]}, "periodSeconds": 1},
-            "podConditionType": format!("bench/exec-{i}")}));
-    }
-    for i in 0..3 {
-        entries.push(json!({"name": format!("tcp-{i}"), "containerName": "main",
-            "probe": {"tcpSocket": {"port": tcp}, "periodSeconds": 1},
-            "podConditionType": format!("bench/tcp-{i}")}));
-        entries.push(json!({"name": format!("http-{i}"), "containerName": "main",
-            "probe": {"httpGet": {"path": "/healthz", "port": http}, "periodSeconds": 1},
-            "podConditionType": format!("bench/http-{i}")}));
-    }
+/// `n` probes, period 1 s, in the mix 4 exec : 3 tcp : 3 http; exec probe `i` reads
+/// `flag_dir/flag-i`, which is created here.
+fn annotation(flag_dir: &std::path::Path, tcp: u16, http: u16, n: usize) -> String {
+    const MIX: [&str; 10] = [
+        "exec", "exec", "tcp", "http", "exec", "tcp", "http", "exec", "tcp", "http",
+    ];
+    std::fs::create_dir_all(flag_dir).unwrap();
+    let entries: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            let mut probe = match MIX[i % MIX.len()] {
+                "exec" => {
+                    let flag = flag_dir.join(format!("flag-{i}"));
+                    std::fs::write(&flag, "up").unwrap();
+                    json!({"exec": {"command": ["sh", "-c", format!("cat {}", flag.display())]}})
+                }
+                "tcp" => json!({"tcpSocket": {"port": tcp}}),
+                _ => json!({"httpGet": {"path": "/healthz", "port": http}}),
+            };
+            probe["periodSeconds"] = json!(1);
+            json!({"name": format!("p-{i}"), "containerName": "main", "probe": probe,
+                   "podConditionType": format!("bench/p-{i}")})
+        })
+        .collect();
     serde_json::to_string(&entries).unwrap()
 }
 
@@ -123,7 +133,7 @@ async fn main() {
     let http = podprobe::demo::serve_health(Arc::new(AtomicBool::new(true)))
         .await
         .unwrap();
-    let value = annotation(dir.path(), tcp.addr.port(), http.port());
+    let value = annotation(&dir.path().join("check"), tcp.addr.port(), http.port(), 10);
 
     // Baseline: the same binary doing nothing but waiting (check of an empty-ish set is not
     // possible, so `podprobe run` before it has a client: it sleeps in its retry loop).
@@ -154,52 +164,20 @@ async fn main() {
     let _ = check.kill();
     let _ = check.wait();
 
-    // run mode against testkit.
+    // run mode against testkit, 10 probes, then one transition.
     let api = testkit::ApiServer::start().await.unwrap();
     api.create_namespace("bench").unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig).unwrap();
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "bench", "namespace": "bench", "annotations": {"kruise.io/podprobe": value}},
-        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
-    }))
-    .unwrap();
-    api.create(&pod).unwrap();
-    api.update_pod_status("bench", "bench", |s| {
-        *s = serde_json::from_value(json!({"phase": "Running", "podIP": "127.0.0.1",
-            "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-                "containerID": "containerd://1", "started": true,
-                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}))
-        .unwrap();
-    })
-    .unwrap();
-    let mut run = Command::new(&bin)
-        .args([
-            "run",
-            "--pod-name",
-            "bench",
-            "--pod-namespace",
-            "bench",
-            "--events=false",
-        ])
-        .env("KUBECONFIG", &kubeconfig)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let settled = api
-        .journal()
-        .wait_for_count("PATCH", "pods/status", 1, Duration::from_secs(30))
-        .await;
-    assert!(settled, "the sidecar wrote nothing");
-    std::thread::sleep(Duration::from_secs(3));
+    let flags = dir.path().join("run-10");
+    let value = annotation(&flags, tcp.addr.port(), http.port(), 10);
+    let mut run = start_run(&bin, &api, &kubeconfig, "bench-10", &value).await;
     let writes_start = api.journal().count("PATCH", "pods/status");
     let steady = measure(&run, STEADY);
     let writes_steady = api.journal().count("PATCH", "pods/status") - writes_start;
 
     // One transition.
-    std::fs::remove_file(dir.path().join("flag-0")).unwrap();
+    std::fs::remove_file(flags.join("flag-0")).unwrap();
     let before = api.journal().count("PATCH", "pods/status");
     api.journal()
         .wait_for_count("PATCH", "pods/status", before + 1, Duration::from_secs(10))
@@ -251,4 +229,92 @@ async fn main() {
         STEADY.as_secs()
     );
     println!("apiserver writes for one transition: {per_transition} (target 1)");
+
+    // By number of probes.
+    println!("\nrun mode by number of probes (same mix):");
+    println!(
+        "{:>7} {:>9} {:>9} {:>9} {:>10}",
+        "probes", "RSS MiB", "anon MiB", "CPU ms/s", "ms/attempt"
+    );
+    let mut csv =
+        String::from("probes,rss_mib,anon_mib,file_mib,cpu_ms_per_s,cpu_ms_per_attempt\n");
+    for n in [1, 5, 10, 20, 40] {
+        let value = annotation(
+            &dir.path().join(format!("sweep-{n}")),
+            tcp.addr.port(),
+            http.port(),
+            n,
+        );
+        let mut child = start_run(&bin, &api, &kubeconfig, &format!("sweep-{n}"), &value).await;
+        let m = measure(&child, SWEEP_WINDOW);
+        let _ = child.kill();
+        let _ = child.wait();
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let per_attempt = m.cpu_ms_per_s / n as f64;
+        println!(
+            "{n:>7} {:>9.2} {:>9.2} {:>9.2} {per_attempt:>10.3}",
+            mib(m.rss_kib),
+            mib(m.anon_kib),
+            m.cpu_ms_per_s
+        );
+        csv.push_str(&format!(
+            "{n},{:.3},{:.3},{:.3},{:.3},{per_attempt:.4}\n",
+            mib(m.rss_kib),
+            mib(m.anon_kib),
+            mib(m.file_kib),
+            m.cpu_ms_per_s
+        ));
+    }
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/perf/sidecar.csv");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    std::fs::write(&out, csv).unwrap();
+    println!("figures written to {}", out.display());
+}
+
+/// Creates pod `name` in namespace `bench` with `value` as its annotation, reports it running,
+/// starts `podprobe run` for it and returns once its first status write landed and 3 s passed.
+async fn start_run(
+    bin: &std::path::Path,
+    api: &testkit::ApiServer,
+    kubeconfig: &std::path::Path,
+    name: &str,
+    value: &str,
+) -> Child {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "bench", "annotations": {"kruise.io/podprobe": value}},
+        "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
+    }))
+    .unwrap();
+    api.create(&pod).unwrap();
+    api.update_pod_status("bench", name, |s| {
+        *s = serde_json::from_value(json!({"phase": "Running", "podIP": "127.0.0.1",
+            "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                "containerID": "containerd://1", "started": true,
+                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}))
+        .unwrap();
+    })
+    .unwrap();
+    let before = api.journal().count("PATCH", "pods/status");
+    let child = Command::new(bin)
+        .args([
+            "run",
+            "--pod-name",
+            name,
+            "--pod-namespace",
+            "bench",
+            "--events=false",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let settled = api
+        .journal()
+        .wait_for_count("PATCH", "pods/status", before + 1, Duration::from_secs(30))
+        .await;
+    assert!(settled, "the sidecar for {name} wrote nothing");
+    std::thread::sleep(Duration::from_secs(3));
+    child
 }

@@ -5,7 +5,9 @@
 //!    apiserver sends them; p50/p99/max. Target p99 ≤ 5 ms.
 //! 2. Marker throughput: N serverless pods in testkit in steady state; flip one condition on
 //!    each as fast as the sidecars would, and time until every marker patch landed. Target
-//!    ≥ 2 000 changes/s, exactly one patch per change.
+//!    ≥ 2 000 changes/s, exactly one patch per change. Run for 500, 2 000, 5 000 and PODS
+//!    pods; the figures also go to `docs/perf/manager_markers.csv` (plotted by
+//!    `cargo run --example plot_perf`).
 //!
 //! `cargo run --release -p podprobe-manager --example bench_manager [-- RATE SECONDS PODS]`
 
@@ -101,11 +103,38 @@ async fn main() {
     );
     s.manager.shutdown().await;
 
-    // ---- marker throughput ----
+    // ---- marker throughput, by number of pods ----
+    let mut csv = String::from("pods,changes,seconds,changes_per_s,pod_patches\n");
+    for n in [500, 2_000, 5_000, pods] {
+        let (elapsed, patches) = marker_throughput(n, dir.path()).await;
+        csv.push_str(&format!(
+            "{n},{n},{:.3},{:.0},{patches}\n",
+            elapsed.as_secs_f64(),
+            n as f64 / elapsed.as_secs_f64()
+        ));
+    }
+    let out =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/manager_markers.csv");
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    std::fs::write(&out, csv).unwrap();
+    println!("figures written to {}", out.display());
+}
+
+/// `pods` serverless pods in steady state, one condition flipped on each: how long until every
+/// marker patch landed, and how many pod patches were sent.
+async fn marker_throughput(pods: usize, dir: &std::path::Path) -> (Duration, usize) {
+    let api = ApiServer::builder()
+        .history_limit(100_000)
+        .start()
+        .await
+        .unwrap();
+    api.create_namespace("test").unwrap();
+    api.set_object(&vk_node("vk-1")).unwrap();
+    api.create(&ppm(&tv03_ppm())).unwrap();
     for i in 0..pods {
         api.set_object(&steady_pod(i, true)).unwrap();
     }
-    let s = start_manager(&api, dir.path(), Mode::Standalone, None, None).await;
+    let s = start_manager(&api, dir, Mode::Standalone, None, None).await;
     while s.manager.metrics.pod_reconciles.get() < pods as u64 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -134,6 +163,7 @@ async fn main() {
         report_extra_patches(&api);
     }
     s.manager.shutdown().await;
+    (elapsed, patches)
 }
 
 /// The writes of the run other than pod patches (what else could have triggered reconciles),
