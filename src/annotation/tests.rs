@@ -193,6 +193,12 @@ fn bad_probes_are_refused_with_the_field_named() {
         ),
         ProbeError::BadHeaderName("Invalid Header:Name".into())
     );
+    // apimachinery's IsHTTPHeaderName, as OpenKruise and the apiserver: an RFC 7230 token
+    // character such as `_` is not enough.
+    assert_eq!(
+        one_error(r#"{"httpGet":{"port":80,"httpHeaders":[{"name":"X_Custom","value":"x"}]}}"#),
+        ProbeError::BadHeaderName("X_Custom".into())
+    );
     assert!(matches!(
         one_error(r#"{"grpc":{"port":0}}"#),
         ProbeError::BadPort {

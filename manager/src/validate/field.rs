@@ -81,3 +81,47 @@ pub(super) fn invalid(
 pub(super) fn quoted(s: &str) -> String {
     format!("{s:?}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// apimachinery's `Error.Error()`, as kube-apiserver and OpenKruise print it.
+    #[test]
+    fn rendered_as_apimachinery_does() {
+        let required = err(
+            "spec.probes[0].probe.httpGet.path",
+            ErrorKind::Required,
+            None,
+            "",
+        );
+        assert_eq!(
+            required.to_string(),
+            "spec.probes[0].probe.httpGet.path: Required value"
+        );
+        let with_detail = err("spec.probes", ErrorKind::Required, None, "empty probes");
+        assert_eq!(
+            with_detail.to_string(),
+            "spec.probes: Required value: empty probes"
+        );
+        assert_eq!(
+            invalid(
+                "spec.probes[0].probe.periodSeconds",
+                -1,
+                "must be greater than or equal to 0"
+            )
+            .to_string(),
+            "spec.probes[0].probe.periodSeconds: Invalid value: -1: must be greater than or equal to 0"
+        );
+        let forbidden = err("spec.probes[0].probe.grpc", ErrorKind::Forbidden, None, "");
+        assert_eq!(
+            forbidden.to_string(),
+            "spec.probes[0].probe.grpc: Forbidden"
+        );
+        let two = ValidationErrors(vec![required, with_detail]);
+        assert_eq!(
+            two.to_string(),
+            "[spec.probes[0].probe.httpGet.path: Required value, spec.probes: Required value: empty probes]"
+        );
+    }
+}
