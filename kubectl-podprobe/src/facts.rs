@@ -3,6 +3,7 @@
 //! namespace and one GET per node, however many pods.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::ListParams;
@@ -30,12 +31,20 @@ pub enum FactsError {
 #[derive(Debug, Clone)]
 pub struct PodFacts {
     pub pod: Pod,
-    /// The PodProbeMarkers of the pod's namespace; `None` when the CRD is not installed.
-    pub markers: Option<Vec<PodProbeMarker>>,
+    /// The PodProbeMarkers of the pod's namespace (shared by its pods); `None` when the CRD is
+    /// not installed.
+    pub markers: Option<Arc<Vec<PodProbeMarker>>>,
     /// The pod's node, when it is scheduled and the node exists.
     pub node: Option<Node>,
-    /// Events about the pod, oldest first.
+    /// Events about the pod, oldest first (empty when not asked for).
     pub events: Vec<Event>,
+}
+
+/// Whether to read each pod's events: one request per pod, which only `explain` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Events {
+    Read,
+    Skip,
 }
 
 /// A connection as kubectl makes it, and the namespace it defaults to.
@@ -110,14 +119,15 @@ impl Cluster {
     }
 
     /// The facts of each pod, in the order given.
-    pub async fn facts(&self, pods: Vec<Pod>) -> Result<Vec<PodFacts>, FactsError> {
-        let mut markers: BTreeMap<String, Option<Vec<PodProbeMarker>>> = BTreeMap::new();
+    pub async fn facts(&self, pods: Vec<Pod>, events: Events) -> Result<Vec<PodFacts>, FactsError> {
+        let mut markers: BTreeMap<String, Option<Arc<Vec<PodProbeMarker>>>> = BTreeMap::new();
         let mut nodes: BTreeMap<String, Option<Node>> = BTreeMap::new();
         let mut all = Vec::with_capacity(pods.len());
         for pod in pods {
             let namespace = pod.metadata.namespace.clone().unwrap_or_default();
             if !markers.contains_key(&namespace) {
-                markers.insert(namespace.clone(), self.markers(&namespace).await?);
+                let listed = self.markers(&namespace).await?.map(Arc::new);
+                markers.insert(namespace.clone(), listed);
             }
             let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
             if let Some(name) = &node_name
@@ -129,7 +139,10 @@ impl Cluster {
                     .map_err(|source| api(format!("get node {name}"), source))?;
                 nodes.insert(name.clone(), node);
             }
-            let events = self.events(&pod).await?;
+            let events = match events {
+                Events::Read => self.events(&pod).await?,
+                Events::Skip => Vec::new(),
+            };
             all.push(PodFacts {
                 markers: markers[&namespace].clone(),
                 node: node_name.and_then(|n| nodes[&n].clone()),

@@ -56,13 +56,8 @@ impl Warning {
     }
 }
 
-/// Whether `get` lists the pod at all: it has probes or a PodProbeMarker selects it.
-pub fn has_probes(facts: &PodFacts) -> bool {
-    inspect::annotation(&facts.pod, PODPROBE_ANNOTATION).is_some()
-        || inspect::expected(facts).annotation.is_some()
-}
-
-/// The rows of one pod: the probes of its annotation, then those its PodProbeMarkers add.
+/// The rows of one pod: the probes of its annotation, then those its PodProbeMarkers add
+/// (none for a pod without probes).
 pub fn rows(facts: &PodFacts, settings: &Settings) -> Vec<ProbeRow> {
     let pod = &facts.pod;
     let expected = inspect::expected(facts);

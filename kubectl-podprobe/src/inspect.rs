@@ -70,7 +70,6 @@ pub fn pod_name(pod: &Pod) -> String {
 pub struct Expected<'a> {
     pub markers: Vec<&'a PodProbeMarker>,
     pub annotation: Option<String>,
-    pub list: Option<String>,
 }
 
 pub fn expected(facts: &PodFacts) -> Expected<'_> {
@@ -78,14 +77,11 @@ pub fn expected(facts: &PodFacts) -> Expected<'_> {
         return Expected {
             markers: vec![],
             annotation: None,
-            list: None,
         };
     };
-    let computed = podprobe_manager::annotate::compute(&facts.pod, all);
     Expected {
         markers: markers_for_pod(&facts.pod, all),
-        list: computed.as_ref().map(|c| c.marker_list.clone()),
-        annotation: computed.map(|c| c.probes),
+        annotation: podprobe_manager::annotate::compute(&facts.pod, all).map(|c| c.probes),
     }
 }
 

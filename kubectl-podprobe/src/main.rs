@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use kubectl_podprobe::args::{Cli, Command, Global};
-use kubectl_podprobe::facts::{Cluster, FactsError};
+use kubectl_podprobe::facts::{Cluster, Events, FactsError};
 use kubectl_podprobe::inspect::{self, Settings};
 use kubectl_podprobe::{explain, get, render};
 
@@ -61,12 +61,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 }
                 pods
             };
-            let facts = cluster.facts(pods).await?;
-            let rows: Vec<get::ProbeRow> = facts
-                .iter()
-                .filter(|f| !args.pods.is_empty() || get::has_probes(f))
-                .flat_map(|f| get::rows(f, &settings))
-                .collect();
+            let facts = cluster.facts(pods, Events::Skip).await?;
+            let rows: Vec<get::ProbeRow> =
+                facts.iter().flat_map(|f| get::rows(f, &settings)).collect();
             if rows.is_empty() && args.output.is_none() {
                 eprintln!("No pods with PodProbeMarker probes found.");
             } else {
@@ -75,7 +72,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Explain(args) => {
             let pod = cluster.pod(&args.pod).await?;
-            let facts = cluster.facts(vec![pod]).await?.remove(0);
+            let facts = cluster.facts(vec![pod], Events::Read).await?.remove(0);
             let links = explain::chain(&facts, &settings);
             let events = explain::event_lines(&facts, &settings);
             render::explain(&mut out, &inspect::pod_name(&facts.pod), &links, &events)?;
