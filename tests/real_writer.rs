@@ -17,6 +17,34 @@ use tokio::sync::watch;
 
 const LIMIT: Duration = Duration::from_secs(30);
 
+/// A writer that owns the status of pod `w` (created here) with short retry timings, as the
+/// sidecar's; the uid sender and the task must live as long as the test.
+struct Writing {
+    writer: ConditionWriter,
+    metrics: Metrics,
+    _uid: watch::Sender<Option<String>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+async fn writer_for_new_pod(cluster: &RealCluster) -> Writing {
+    let pod = cluster.create_pod("w", "[]", json!([])).await;
+    let (uid_tx, uid) = watch::channel(pod.metadata.uid.clone());
+    let config = WriterConfig {
+        coalesce: Duration::from_millis(50),
+        backoff_min: Duration::from_millis(50),
+        backoff_max: Duration::from_millis(400),
+    };
+    let metrics = Metrics::new();
+    let (writer, task) =
+        ConditionWriter::spawn(cluster.pods(), "w".into(), uid, config, metrics.clone());
+    Writing {
+        writer,
+        metrics,
+        _uid: uid_tx,
+        _task: task,
+    }
+}
+
 fn cond(type_: &str, status: &str) -> PodCondition {
     serde_json::from_value(
         json!({"type": type_, "status": status, "reason": "PodProbeSucceeded",
@@ -29,16 +57,8 @@ fn cond(type_: &str, status: &str) -> PodCondition {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_condition_holds_back_nothing_before_or_after() {
     let cluster = RealCluster::start().await;
-    let pod = cluster.create_pod("w", "[]", json!([])).await;
-    let (_uid_tx, uid) = watch::channel(pod.metadata.uid.clone());
-    let config = WriterConfig {
-        coalesce: Duration::from_millis(50),
-        backoff_min: Duration::from_millis(50),
-        backoff_max: Duration::from_millis(400),
-    };
-    let metrics = Metrics::new();
-    let (writer, _task) =
-        ConditionWriter::spawn(cluster.pods(), "w".into(), uid, config, metrics.clone());
+    let writing = writer_for_new_pod(&cluster).await;
+    let (writer, metrics) = (&writing.writer, &writing.metrics);
 
     // One patch with both: the apiserver refuses it whole; the writer then isolates.
     writer.submit(cond("game.kruise.io/a", "True"));
@@ -92,15 +112,8 @@ async fn a_refused_prune_holds_back_nothing_and_is_not_retried() {
     use kube::api::{Patch, PatchParams, PostParams};
 
     let cluster = RealCluster::start().await;
-    let pod = cluster.create_pod("w", "[]", json!([])).await;
-    let (_uid_tx, uid) = watch::channel(pod.metadata.uid.clone());
-    let config = WriterConfig {
-        coalesce: Duration::from_millis(50),
-        backoff_min: Duration::from_millis(50),
-        backoff_max: Duration::from_millis(400),
-    };
-    let (writer, _task) =
-        ConditionWriter::spawn(cluster.pods(), "w".into(), uid, config, Metrics::new());
+    let writing = writer_for_new_pod(&cluster).await;
+    let writer = &writing.writer;
     writer.submit(cond("game.kruise.io/kept", "True"));
     cluster
         .wait_pod("w", LIMIT, |p| has_status(p, "game.kruise.io/kept", "True"))

@@ -39,14 +39,7 @@ async fn main() {
     let pods = arg(3, 10_000) as usize;
 
     // ---- webhook latency ----
-    let api = ApiServer::builder()
-        .history_limit(100_000)
-        .start()
-        .await
-        .unwrap();
-    api.create_namespace("test").unwrap();
-    api.set_object(&vk_node("vk-1")).unwrap();
-    api.create(&ppm(&tv03_ppm())).unwrap();
+    let api = tv03_cluster(100_000).await;
     let dir = tempfile::tempdir().unwrap();
     let s = start_manager(&api, dir.path(), Mode::Standalone, None, Some(injection())).await;
     while s.manager.ppms.namespace("test").is_empty() {
@@ -123,14 +116,7 @@ async fn main() {
 /// `pods` serverless pods in steady state, one condition flipped on each: how long until every
 /// marker patch landed, and how many pod patches were sent.
 async fn marker_throughput(pods: usize, dir: &std::path::Path) -> (Duration, usize) {
-    let api = ApiServer::builder()
-        .history_limit(100_000)
-        .start()
-        .await
-        .unwrap();
-    api.create_namespace("test").unwrap();
-    api.set_object(&vk_node("vk-1")).unwrap();
-    api.create(&ppm(&tv03_ppm())).unwrap();
+    let api = tv03_cluster(100_000).await;
     for i in 0..pods {
         api.set_object(&steady_pod(i, true)).unwrap();
     }

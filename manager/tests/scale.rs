@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use podprobe_manager::webhook::Mode;
 use support::*;
-use testkit::ApiServer;
 
 fn pods_n() -> usize {
     std::env::var("SCALE_pods")
@@ -20,14 +19,7 @@ fn pods_n() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_condition_change_among_10000_pods_is_one_patch() {
     let pods = pods_n();
-    let api = ApiServer::builder()
-        .history_limit(50_000)
-        .start()
-        .await
-        .unwrap();
-    api.create_namespace("test").unwrap();
-    api.set_object(&vk_node("vk-1")).unwrap();
-    api.create(&ppm(&tv03_ppm())).unwrap();
+    let api = tv03_cluster(50_000).await;
     let t = Instant::now();
     for i in 0..pods {
         api.set_object(&steady_pod(i, true)).unwrap();

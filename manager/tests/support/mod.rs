@@ -211,6 +211,20 @@ pub fn ppm(v: &Value) -> PodProbeMarker {
     serde_json::from_value(v.clone()).unwrap()
 }
 
+/// testkit with namespace `test`, the virtual-kubelet node `vk-1` and TV-03's PodProbeMarker,
+/// keeping `history_limit` events for watches (a few per pod at scale).
+pub async fn tv03_cluster(history_limit: usize) -> ApiServer {
+    let api = ApiServer::builder()
+        .history_limit(history_limit)
+        .start()
+        .await
+        .unwrap();
+    api.create_namespace("test").unwrap();
+    api.set_object(&vk_node("vk-1")).unwrap();
+    api.create(&ppm(&tv03_ppm())).unwrap();
+    api
+}
+
 /// A pod in `test` with label app=<app> and container `main`.
 pub fn app_pod(name: &str, app: &str) -> Pod {
     serde_json::from_value(json!({
