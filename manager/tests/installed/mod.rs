@@ -1,6 +1,8 @@
 //! The chart installed by the real helm on a real control plane, and `podprobe-manager`
 //! running in-process as the chart deploys it: its ServiceAccount's token, its ConfigMap's
-//! injection config, webhooks pointed at it (`webhook.url`). Shared by the real-apiserver
+//! injection config, webhooks pointed at it (`webhook.url`); with OpenKruise beside it for
+//! companion mode. And what a node would do with the pods it admits: the kubelet's status
+//! report, the injected sidecar run as its container spec says. Shared by the real-apiserver
 //! tests of both modes.
 #![allow(dead_code)] // each test binary uses a part of it
 
