@@ -125,9 +125,21 @@ async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
     .unwrap_or_else(|e| panic!("Kruise's webhook refused the PodProbeMarker: {e}"));
 
     // Admission: Kruise's pod webhook writes the protocol annotations.
+    let pod = user_pod("gs-0", http.port());
+    let lists_game = |p: &Pod| {
+        annotations(p)
+            .get("kruise.io/podprobemarker-list")
+            .map(String::as_str)
+            == Some("game")
+    };
+    cluster
+        .cp
+        .wait_admission(&pod, lists_game)
+        .await
+        .unwrap_or_else(|e| panic!("Kruise's webhook never sees the PodProbeMarker: {e}"));
     let created = cluster
         .pods()
-        .create(&PostParams::default(), &user_pod("gs-0", http.port()))
+        .create(&PostParams::default(), &pod)
         .await
         .unwrap();
     let written = annotations(&created);

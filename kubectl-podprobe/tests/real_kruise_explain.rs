@@ -68,6 +68,15 @@ async fn explain_reads_what_kruise_wrote() {
             {"name": "main", "image": "game:1"}, {"name": "podprobe", "image": "podprobe:dev"}]}
     }))
     .unwrap();
+    cp.wait_admission(&pod, |p| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kruise.io/podprobemarker-list"))
+            == Some(&"game".to_owned())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("Kruise's webhook never sees the PodProbeMarker: {e}"));
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let created = pods.create(&PostParams::default(), &pod).await.unwrap();
     assert!(

@@ -72,6 +72,11 @@ async fn companion_injects_the_sidecar_and_kruise_marks_what_it_probes() {
     let spec = pod.spec.as_mut().unwrap();
     spec.node_name = Some("vk-1".into());
     spec.service_account_name = Some(SIDECAR_SA.into());
+    running
+        .cp
+        .wait_admission(&pod, |p| annotation(p, LIST).as_deref() == Some("game"))
+        .await
+        .unwrap_or_else(|e| panic!("Kruise's webhook never sees the PodProbeMarker: {e}"));
     let created = pods.create(&PostParams::default(), &pod).await.unwrap();
     assert_eq!(annotation(&created, LIST).as_deref(), Some("game"));
     let written: Vec<Value> =

@@ -22,12 +22,15 @@ use support::PODPROBE;
 const NS: &str = "lifecycle";
 const LIMIT: Duration = Duration::from_secs(60);
 
-fn game_ppm(name: &str, period: u32) -> Value {
+/// PodProbeMarker `name` with one probe `probe` (condition `game.io/<name>`). Two markers
+/// whose probes share a container and a name merge into one annotation entry (the first
+/// wins), so markers meant to apply together need different probe names.
+fn game_ppm(name: &str, probe: &str, period: u32) -> Value {
     json!({
         "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
         "metadata": {"name": name, "namespace": NS},
         "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": [{
-            "name": "idle", "containerName": "main", "podConditionType": format!("game.io/{name}"),
+            "name": probe, "containerName": "main", "podConditionType": format!("game.io/{name}"),
             "probe": {"exec": {"command": ["true"]}, "periodSeconds": period},
             "markerPolicy": [{"state": "Succeeded", "labels": {"idle": "true"}}]
         }]}
@@ -100,7 +103,7 @@ async fn after_admission_kruise_leaves_the_annotation_podprobe_keeps_it_current(
     );
 
     // A PodProbeMarker created after the pod: podprobe backfills, Kruise never writes.
-    let created = both.create_ppm(&game_ppm("game", 1)).await;
+    let created = both.create_ppm(&game_ppm("game", "idle", 1)).await;
     assert!(
         created.kruise.is_ok() && created.podprobe.is_ok(),
         "{created:?}"
@@ -228,15 +231,23 @@ async fn kruise_finalizer_strips_the_probes_of_a_marker_whose_name_ends_the_dele
     .await;
     let ppms: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &ppm_resource());
     for name in ["way", "gateway"] {
-        let ppm: DynamicObject = serde_json::from_value(game_ppm(name, 1)).unwrap();
+        let ppm: DynamicObject = serde_json::from_value(game_ppm(name, name, 1)).unwrap();
         ppms.create(&PostParams::default(), &ppm).await.unwrap();
     }
+    // Kruise's webhook lists the PodProbeMarkers it saw at admission, and its pod event
+    // handler then follows that list: wait until it sees both.
+    let pod = game_pod("gs-0", "node-1");
+    cp.wait_admission(&pod, |p| {
+        annotation(p, "kruise.io/podprobemarker-list").as_deref() == Some("gateway,way")
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     Api::<Pod>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &game_pod("gs-0", "node-1"))
+        .create(&PostParams::default(), &pod)
         .await
         .unwrap();
     kubelet_runs(client.clone(), "gs-0").await;
-    let both = ["gateway#idle".to_owned(), "way#idle".to_owned()];
+    let both = ["gateway#gateway".to_owned(), "way#way".to_owned()];
     eventually(
         "Kruise puts both probes in node-1's NodePodProbe",
         async || (npp_probes(&client, "node-1").await == both).then_some(()),
@@ -251,7 +262,7 @@ async fn kruise_finalizer_strips_the_probes_of_a_marker_whose_name_ends_the_dele
     assert_eq!(
         npp_probes(&client, "node-1").await,
         Vec::<String>::new(),
-        "`gateway#idle` went with `way#idle`"
+        "`gateway#gateway` went with `way#way`"
     );
     assert!(ppms.get_opt("gateway").await.unwrap().is_some());
 }

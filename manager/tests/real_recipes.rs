@@ -65,6 +65,28 @@ async fn serve(up: Arc<AtomicBool>) -> u16 {
     port
 }
 
+/// Creates a recipe's PodProbeMarker, then (once both webhooks' caches have it: a pod of the
+/// workload's template is admitted with it) its workload.
+async fn apply(running: &installed::Running, docs: &[Value]) {
+    let admin = running.cp.client();
+    create(&admin, &docs[0]).await;
+    let template = &docs[1]["spec"]["template"];
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "template-check", "namespace": NS, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"]
+    }))
+    .unwrap();
+    let marker = docs[0]["metadata"]["name"].as_str().unwrap();
+    running
+        .cp
+        .wait_admission(&pod, |p| {
+            support::annotation(p, "kruise.io/podprobemarker-list").as_deref() == Some(marker)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("the pod webhook never sees {marker}: {e}"));
+    create(&admin, &docs[1]).await;
+}
+
 async fn create(client: &Client, doc: &Value) {
     let (group, version) = doc["apiVersion"].as_str().unwrap().split_once('/').unwrap();
     let gvk = GroupVersionKind::gvk(group, version, doc["kind"].as_str().unwrap());
@@ -89,9 +111,7 @@ async fn a_probe_releases_the_cloneset_prenormal_hook() {
     assert_eq!(docs.len(), 2);
     docs[0]["spec"]["probes"][0]["probe"]["httpGet"]["port"] = json!(port);
     docs[1]["spec"]["template"]["spec"]["nodeName"] = json!("vk-1");
-    for doc in &docs {
-        create(&admin, doc).await;
-    }
+    apply(&running, &docs).await;
 
     // Kruise's CloneSet controller creates the pod through the admission chain: Kruise
     // annotates it and podprobe injects the sidecar.
@@ -193,9 +213,7 @@ async fn scale_in_removes_the_idle_server_first() {
     let script = format!("cat {}/$POD_NAME", flags.display());
     docs[0]["spec"]["probes"][0]["probe"]["exec"]["command"] = json!(["sh", "-c", script]);
     docs[1]["spec"]["template"]["spec"]["nodeName"] = json!("vk-1");
-    for doc in &docs {
-        create(&admin, doc).await;
-    }
+    apply(&running, &docs).await;
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let servers = pods_of(&pods, "arena", 2).await;

@@ -314,6 +314,37 @@ impl ControlPlane {
         Ok(ns)
     }
 
+    /// Dry-run creates `pod` as the admin, through the whole admission chain, until the object
+    /// the webhooks return satisfies `admitted` (up to a minute). Webhooks that read
+    /// PodProbeMarkers from a watch cache (kruise-manager's, podprobe-manager's) lag behind a
+    /// create: this is how a test knows they have caught up before it creates the real pod.
+    pub async fn wait_admission(
+        &self,
+        pod: &Pod,
+        admitted: impl Fn(&Pod) -> bool,
+    ) -> Result<Pod, Error> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let pods: Api<Pod> = Api::namespaced(self.client(), namespace);
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let started = Instant::now();
+        loop {
+            let answer = pods.create(&dry_run, pod).await?;
+            if admitted(&answer) {
+                return Ok(answer);
+            }
+            if started.elapsed() > Duration::from_secs(60) {
+                return Err(Error::Other(format!(
+                    "the admission chain did not give the expected pod within 60 s; last: {:?}",
+                    answer.metadata.annotations
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn create_service_account(
         &self,
         namespace: &str,
