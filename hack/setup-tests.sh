@@ -11,8 +11,14 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --version "$nextest_version" --locked
 fi
 
-echo "== Debian packages: musl-gcc (static sidecar build test), capsh (procfs exec without CAP_SYS_PTRACE)"
+echo "== Debian packages: musl-gcc (static sidecar build test), capsh (procfs exec without CAP_SYS_PTRACE),"
+echo "   and the node tests' containerd, runc, CNI plugins, iptables (kube-proxy), busybox-static and umoci (images)"
 missing=()
+for tool in containerd runc iptables umoci; do
+  command -v "$tool" >/dev/null || missing+=("$tool")
+done
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
 command -v musl-gcc >/dev/null || missing+=(musl-tools)
 [ -x /usr/sbin/capsh ] || [ -x /sbin/capsh ] || [ -x /usr/bin/capsh ] || missing+=(libcap2-bin)
 if [ ${#missing[@]} -gt 0 ]; then

@@ -23,10 +23,12 @@
 pub mod audit;
 mod kruise;
 pub mod metrics;
+pub mod node;
 mod pki;
 mod process;
 pub mod tools;
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -42,11 +44,28 @@ pub use kruise::{
     KRUISE_FEATURE_GATES, KRUISE_MUTATING_WEBHOOKS, KRUISE_NAMESPACE, KRUISE_SERVICE_ACCOUNT,
     KruiseAddrs,
 };
+pub use node::{Leftovers, Node, NodeNetwork, NodeOptions};
 pub use pki::{CertPair, Pki};
 use process::Daemon;
 
 /// The static token of the admin user (group `system:masters`).
 pub const ADMIN_TOKEN: &str = "podprobe-test-admin";
+/// The name of the one node a control plane can have ([`Node`]).
+pub const NODE_NAME: &str = "node-1";
+/// The static token of that node's kubelet (`system:node:node-1`, group `system:nodes`).
+pub const NODE_TOKEN: &str = "podprobe-test-node";
+/// The static token of kube-proxy (`system:kube-proxy`, bound to `system:node-proxier` by
+/// the apiserver's bootstrap policy).
+pub const KUBE_PROXY_TOKEN: &str = "podprobe-test-kube-proxy";
+/// The `kubernetes` Service's ClusterIP (first of `--service-cluster-ip-range`) and DNS
+/// names: what in-cluster clients dial and check the certificate against.
+const KUBERNETES_SERVICE_NAMES: [&str; 5] = [
+    "10.96.0.1",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
 /// How long the apiserver may take to become ready on a loaded 2-core machine.
 const READY_LIMIT: Duration = Duration::from_secs(180);
 
@@ -91,10 +110,19 @@ impl ControlPlane {
     /// Builds the tools if needed, starts etcd and kube-apiserver, and waits for `/readyz`.
     /// A port taken between choosing and binding it makes a daemon exit; that is retried.
     pub async fn start() -> Result<ControlPlane, Error> {
+        Self::start_on(Ipv4Addr::LOCALHOST).await
+    }
+
+    /// [`ControlPlane::start`] with the apiserver on `address` instead of loopback: the host
+    /// side of a [`NodeNetwork`], which a kubelet in the node's network namespace reaches. The
+    /// apiserver then advertises that address as the `kubernetes` Service's endpoint (kube-proxy
+    /// routes the Service to it) and its certificate also names the Service (`10.96.0.1`,
+    /// `kubernetes.default.svc`), as in-cluster clients check.
+    pub async fn start_on(address: Ipv4Addr) -> Result<ControlPlane, Error> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_once().await {
+            match Self::start_once(address).await {
                 Err(Error::Exited(name, status, log))
                     if attempt < 3 && log.contains("address already in use") =>
                 {
@@ -105,22 +133,34 @@ impl ControlPlane {
         }
     }
 
-    async fn start_once() -> Result<ControlPlane, Error> {
+    async fn start_once(address: Ipv4Addr) -> Result<ControlPlane, Error> {
         let apiserver_bin = tools::tool("kube-apiserver")?;
         let etcd_bin = tools::tool("etcd")?;
         let dir = tempfile::Builder::new().prefix("podprobe-cp-").tempdir()?;
         let path = |name: &str| dir.path().join(name);
         let pki = Pki::new()?;
         std::fs::write(path("ca.crt"), pki.ca_pem())?;
-        let serving = pki.issue(&["127.0.0.1", "localhost"])?;
+        let address_name = address.to_string();
+        let mut names = vec!["127.0.0.1", "localhost", address_name.as_str()];
+        names.extend(KUBERNETES_SERVICE_NAMES);
+        let serving = pki.issue(&names)?;
         std::fs::write(path("apiserver.crt"), &serving.cert_pem)?;
         std::fs::write(path("apiserver.key"), &serving.key_pem)?;
+        // The apiserver's identity towards kubelets (exec, logs): the kubelet authenticates it
+        // by the CA and asks the apiserver (SubjectAccessReview) what it may do.
+        let kubelet_client = pki.issue_client("kube-apiserver-kubelet-client", "system:masters")?;
+        std::fs::write(path("kubelet-client.crt"), &kubelet_client.cert_pem)?;
+        std::fs::write(path("kubelet-client.key"), &kubelet_client.key_pem)?;
         let (sa_private, sa_public) = pki::signing_key_pem()?;
         std::fs::write(path("sa.key"), sa_private)?;
         std::fs::write(path("sa.pub"), sa_public)?;
         std::fs::write(
             path("tokens.csv"),
-            format!("{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n"),
+            format!(
+                "{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n\
+                 {NODE_TOKEN},system:node:{NODE_NAME},node-uid,\"system:nodes\"\n\
+                 {KUBE_PROXY_TOKEN},system:kube-proxy,kube-proxy-uid\n"
+            ),
         )?;
         std::fs::write(path("audit-policy.yaml"), audit::POLICY)?;
 
@@ -143,24 +183,34 @@ impl ControlPlane {
         let etcd = Daemon::spawn("etcd", &etcd_bin, &etcd_args, path("etcd.log"))?;
         let apiserver_args = vec![
             format!("--etcd-servers={etcd_client}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--bind-address={address}"),
+            format!("--advertise-address={address}"),
             format!("--secure-port={secure_port}"),
+            format!("--client-ca-file={}", p("ca.crt")),
+            format!("--kubelet-client-certificate={}", p("kubelet-client.crt")),
+            format!("--kubelet-client-key={}", p("kubelet-client.key")),
+            // A test node's name resolves nowhere; its InternalIP is on the node network.
+            "--kubelet-preferred-address-types=InternalIP".to_owned(),
             format!("--tls-cert-file={}", p("apiserver.crt")),
             format!("--tls-private-key-file={}", p("apiserver.key")),
             format!("--token-auth-file={}", p("tokens.csv")),
-            "--authorization-mode=RBAC".to_owned(),
+            // Node: what a kubelet may read and write, as in every real cluster.
+            "--authorization-mode=Node,RBAC".to_owned(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
             "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
             // Added to the default set, which already holds them today; named so a change of
             // defaults cannot silently drop what the tests are about.
-            "--enable-admission-plugins=ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy".to_owned(),
+            "--enable-admission-plugins=ServiceAccount,NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy".to_owned(),
             format!("--audit-policy-file={}", p("audit-policy.yaml")),
             format!("--audit-log-path={}", p("audit.log")),
-            // Nothing serves the `kubernetes` Service's endpoints here.
-            "--endpoint-reconciler-type=none".to_owned(),
+            // On loopback nothing could reach the `kubernetes` Service's endpoints; on a node
+            // network kube-proxy routes the Service to the advertised address.
+            format!(
+                "--endpoint-reconciler-type={}",
+                if address.is_loopback() { "none" } else { "lease" }
+            ),
             "--profiling=false".to_owned(),
             "--v=1".to_owned(),
         ];
@@ -175,7 +225,7 @@ impl ControlPlane {
             controller_manager: None,
             apiserver,
             etcd,
-            url: format!("https://127.0.0.1:{secure_port}"),
+            url: format!("https://{address}:{secure_port}"),
             pki,
             dir,
         };
@@ -225,6 +275,12 @@ impl ControlPlane {
         let args = vec![
             format!("--kubeconfig={}", self.admin_kubeconfig().display()),
             format!("--controllers={}", controllers.join(",")),
+            // For `root-ca-cert-publisher` (the `kube-root-ca.crt` ConfigMap every projected
+            // service-account volume needs).
+            format!(
+                "--root-ca-file={}",
+                self.dir.path().join("ca.crt").display()
+            ),
             "--leader-elect=false".to_owned(),
             "--bind-address=127.0.0.1".to_owned(),
             format!("--secure-port={}", free_port()?),
@@ -240,7 +296,7 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// `https://127.0.0.1:<port>`.
+    /// `https://127.0.0.1:<port>` (or the address given to [`ControlPlane::start_on`]).
     pub fn url(&self) -> &str {
         &self.url
     }

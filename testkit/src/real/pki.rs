@@ -3,7 +3,8 @@
 //! and the service-account signing key.
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
 };
 
 use super::Error;
@@ -53,6 +54,27 @@ impl Pki {
             DnType::CommonName,
             names.first().cloned().unwrap_or_default(),
         );
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.ca)?;
+        Ok(CertPair {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+impl Pki {
+    /// A client certificate for user `common_name` in group `organization`, signed by the CA
+    /// (the apiserver's `--client-ca-file` and a kubelet's `clientCAFile`).
+    pub fn issue_client(&self, common_name: &str, organization: &str) -> Result<CertPair, Error> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, organization);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.ca)?;
         Ok(CertPair {

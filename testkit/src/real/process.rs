@@ -1,4 +1,4 @@
-//! A long-running child (etcd, kube-apiserver, kruise-manager) that cannot outlive the test: killed on drop
+//! A long-running child (etcd, kube-apiserver, kruise-manager, a node's daemons) that cannot outlive the test: killed on drop
 //! (also while a panicking test unwinds), and killed by the kernel if the test process dies
 //! first (`setpriv --pdeathsig KILL`, util-linux, so no `unsafe` pre-exec hook is needed).
 
@@ -34,10 +34,31 @@ impl Daemon {
         env: &[(&str, String)],
         log: PathBuf,
     ) -> Result<Daemon, Error> {
+        Self::spawn_in(name, None, program, args, env, log)
+    }
+
+    /// [`Daemon::spawn_with_env`] in the network namespace `netns` (a name under
+    /// `/run/netns`) when given: `nsenter --net` switches only that namespace, so the daemon
+    /// shares the test's mounts and cgroups (a kubelet's volumes must be visible to runc).
+    pub fn spawn_in(
+        name: &'static str,
+        netns: Option<&str>,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, String)],
+        log: PathBuf,
+    ) -> Result<Daemon, Error> {
         let out = File::create(&log)?;
         let err = out.try_clone()?;
-        let child = Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
+        let mut command = Command::new("setpriv");
+        command.args(["--pdeathsig", "KILL", "--"]);
+        if let Some(netns) = netns {
+            command
+                .arg("nsenter")
+                .arg(format!("--net=/run/netns/{netns}"))
+                .arg("--");
+        }
+        let child = command
             .arg(program)
             .args(args)
             .envs(env.iter().map(|(k, v)| (k, v)))

@@ -1,0 +1,150 @@
+//! A node's own network namespace, joined to the host by a veth pair: the kubelet, containerd,
+//! kube-proxy and the pods' bridge live in it, so each test's node has its own iptables, ports
+//! (10250, 10256, ...) and pod subnet, and nothing of it touches the host's network set-up.
+//!
+//! Host side `10.213.<n>.1/30`, node side `10.213.<n>.2/30` (the node's InternalIP); the first
+//! free `<n>` is taken by creating its veth pair, which fails when another test holds it.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use super::super::Error;
+
+#[derive(Debug)]
+pub struct NodeNetwork {
+    index: u8,
+    netns: String,
+}
+
+impl NodeNetwork {
+    /// Creates the namespace and the veth pair, with the node side up, addressed and routed.
+    pub fn create() -> Result<NodeNetwork, Error> {
+        // Start at a pid-dependent index so parallel test processes rarely race for one.
+        let start = (std::process::id() % 200) as u8;
+        for step in 0..200u8 {
+            let index = 1 + (start + step) % 200;
+            let network = NodeNetwork {
+                index,
+                netns: format!("podprobe-node-{index}"),
+            };
+            let claimed = Command::new("ip")
+                .args([
+                    "link",
+                    "add",
+                    &network.host_link(),
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                ])
+                .arg(network.node_link())
+                .output()?;
+            if claimed.status.success() {
+                network.set_up()?;
+                return Ok(network);
+            }
+            let stderr = String::from_utf8_lossy(&claimed.stderr);
+            if !stderr.contains("File exists") {
+                return Err(Error::Other(format!(
+                    "ip link add (a veth pair for the node's network namespace): {}",
+                    stderr.trim()
+                )));
+            }
+        }
+        Err(Error::Other(
+            "no free node network index (200 node networks exist)".into(),
+        ))
+    }
+
+    fn host_link(&self) -> String {
+        format!("pp{}h", self.index)
+    }
+
+    fn node_link(&self) -> String {
+        format!("pp{}n", self.index)
+    }
+
+    /// The host side's address: where the apiserver listens for the node.
+    pub fn host_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.index, 1)
+    }
+
+    /// The node's InternalIP.
+    pub fn node_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(10, 213, self.index, 2)
+    }
+
+    /// The namespace's name under `/run/netns`.
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    fn set_up(&self) -> Result<(), Error> {
+        let (host, node, netns) = (self.host_link(), self.node_link(), self.netns.clone());
+        let host_cidr = format!("{}/30", self.host_ip());
+        let node_cidr = format!("{}/30", self.node_ip());
+        let host_ip = self.host_ip().to_string();
+        let steps: Vec<Vec<&str>> = vec![
+            vec!["ip", "netns", "add", &netns],
+            vec!["ip", "link", "set", &node, "netns", &netns],
+            vec!["ip", "addr", "add", &host_cidr, "dev", &host],
+            vec!["ip", "link", "set", &host, "up"],
+            vec!["ip", "-n", &netns, "link", "set", "lo", "up"],
+            vec!["ip", "-n", &netns, "link", "set", &node, "name", "eth0"],
+            vec!["ip", "-n", &netns, "addr", "add", &node_cidr, "dev", "eth0"],
+            vec!["ip", "-n", &netns, "link", "set", "eth0", "up"],
+            vec![
+                "ip", "-n", &netns, "route", "add", "default", "via", &host_ip,
+            ],
+            // Pods reach the apiserver through the node: it routes their packets.
+            vec![
+                "ip",
+                "netns",
+                "exec",
+                &netns,
+                "sysctl",
+                "-qw",
+                "net.ipv4.ip_forward=1",
+            ],
+        ];
+        for step in steps {
+            run(&step)?;
+        }
+        Ok(())
+    }
+
+    /// `command` run in the node's network namespace (e.g. `iptables-save`), its stdout.
+    pub fn exec(&self, command: &[&str]) -> Result<String, Error> {
+        let mut full = vec!["nsenter", "--net"];
+        let path = format!("--net=/run/netns/{}", self.netns);
+        full[1] = &path;
+        full.push("--");
+        full.extend(command);
+        run(&full)
+    }
+}
+
+fn run(command: &[&str]) -> Result<String, Error> {
+    let out = Command::new(command[0]).args(&command[1..]).output()?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(Error::Other(format!(
+            "`{}` failed: {}",
+            command.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+impl Drop for NodeNetwork {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes its end of the veth pair, and with it the host end.
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_link()])
+            .output();
+    }
+}
