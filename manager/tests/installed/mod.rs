@@ -63,6 +63,11 @@ pub struct Running {
 /// there with the chart's ServiceAccount and injection config. Namespace [`NS`] opts in to
 /// injection; node `vk-1` is a virtual-kubelet node.
 pub async fn install_and_run(cp: ControlPlane, mode: Mode) -> Running {
+    install_and_run_with(cp, mode, &[]).await
+}
+
+/// [`install_and_run`] with more helm arguments after the defaults (a later `--set` wins).
+pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&str]) -> Running {
     let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS,
         "labels": {"podprobe.io/inject": "enabled"}}}))
     .unwrap();
@@ -70,7 +75,12 @@ pub async fn install_and_run(cp: ControlPlane, mode: Mode) -> Running {
         .create(&PostParams::default(), &namespace)
         .await
         .unwrap();
-    cp.create_service_account(NS, "default").await.unwrap();
+    // On a node the serviceaccount controller may have made it already.
+    match cp.create_service_account(NS, "default").await {
+        Ok(_) => {}
+        Err(testkit::real::Error::Kube(kube::Error::Api(e))) if e.code == 409 => {}
+        Err(e) => panic!("ServiceAccount {NS}/default: {e}"),
+    }
     Api::<Node>::all(cp.client())
         .create(&PostParams::default(), &vk_node("vk-1"))
         .await
@@ -93,6 +103,7 @@ pub async fn install_and_run(cp: ControlPlane, mode: Mode) -> Running {
     if mode == Mode::Companion {
         extra.push("--skip-crds");
     }
+    extra.extend(helm_args);
     cluster::run(cluster::helm(&cp, "install", &sets, &extra), "helm install");
 
     // The manager as the chart deploys it: its ServiceAccount, its ConfigMap, its certificate.

@@ -19,7 +19,10 @@
 //! Access: `/proc/<pid>/{root,cwd,environ}` are guarded by the ptrace access check, made with
 //! the caller's *filesystem* ids. When a plain open fails with `EACCES`/`EPERM` and podprobe
 //! runs as root, it retries on the same thread with `setfsuid/setfsgid` set to the target's ids
-//! (then switches back), which passes the check without `CAP_SYS_PTRACE` for a dumpable target.
+//! (then switches back), which passes the check without `CAP_SYS_PTRACE` for a dumpable target
+//! whose permitted capabilities the sidecar also holds (the kernel's capability half of the
+//! check: a sidecar that dropped ALL is refused a root target that kept the runtime's defaults;
+//! seen on a real node).
 //! The root and cwd are held as `O_PATH` descriptors; the child `fchdir`s to them, so it never
 //! needs ptrace access itself (see [`super::enter`]).
 //!
@@ -417,7 +420,7 @@ pub async fn attempt_in(
             return gone(e);
         }
         unavailable(format!(
-            "cannot open /proc/{pid}/{what}: {e} (needs the target's uid/gid and a dumpable target, or CAP_SYS_PTRACE)"
+            "cannot open /proc/{pid}/{what}: {e} (needs CAP_SYS_PTRACE, or the target's uid/gid, a dumpable target and every capability the target holds: a root sidecar that keeps the runtime's default capabilities has them for a default root target)"
         ))
     };
     let root = with_target_fsids(&ids, || open_dir(&dir.join("root")))

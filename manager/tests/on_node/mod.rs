@@ -1,0 +1,162 @@
+//! podprobe on a real node: the control plane on the node network's host address, a kubelet
+//! with containerd and runc ([`testkit::real::Node`]), the chart installed with the sidecar
+//! image imported there, and podprobe-manager running in-process as the chart deploys it.
+//! What the tests read off the node: container ids, logs, exec, cgroup figures.
+#![allow(dead_code)] // each test binary uses a part of it
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{AttachParams, LogParams};
+use podprobe_manager::webhook::Mode;
+use testkit::real::node::images::SIDECAR_IMAGE;
+use testkit::real::{ControlPlane, Node, NodeNetwork, NodeOptions};
+
+use super::installed::{Running, install_and_run_with};
+
+/// The injected sidecar's container name.
+pub const SIDECAR: &str = "podprobe";
+
+/// Injection for procfs exec: a shared PID namespace and a root sidecar that keeps the
+/// runtime's default capabilities (which hold `SYS_CHROOT`, `SETUID`, `SETGID`): the kernel's
+/// ptrace-read check also wants every capability of the root game server, so `drop: [ALL]`
+/// would fail it (docs/protocol.md, exec modes).
+const PROCFS_SECURITY_CONTEXT: &str = r#"injection.config.securityContext={"runAsUser":0,"runAsNonRoot":false,"readOnlyRootFilesystem":true,"allowPrivilegeEscalation":false}"#;
+
+/// A node (with `options`) and the chart in standalone mode on its control plane, injecting
+/// the locally built sidecar image for procfs exec.
+pub async fn node_and_chart(options: NodeOptions) -> (Running, Node) {
+    let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
+    let mut cp = ControlPlane::start_on(network.host_ip())
+        .await
+        .unwrap_or_else(|e| panic!("control plane: {e}"));
+    let node = Node::start(&mut cp, network, options)
+        .await
+        .unwrap_or_else(|e| panic!("node: {e}"));
+    let image = format!("injection.config.image={SIDECAR_IMAGE}");
+    let args = [
+        "--set",
+        image.as_str(),
+        "--set",
+        "injection.config.shareProcessNamespace=true",
+        "--set-json",
+        PROCFS_SECURITY_CONTEXT,
+    ];
+    let running = install_and_run_with(cp, Mode::Standalone, &args).await;
+    (running, node)
+}
+
+/// The `containerd://` id of container `name` (init or regular) as the pod's status says.
+pub fn container_id(pod: &Pod, name: &str) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .find(|c| c.name == name)?
+        .container_id
+        .as_deref()?
+        .strip_prefix("containerd://")
+        .map(str::to_owned)
+}
+
+pub fn restart_count(pod: &Pod, name: &str) -> i32 {
+    let status = pod.status.as_ref();
+    status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .chain(status.and_then(|s| s.init_container_statuses.as_ref()).into_iter().flatten())
+        .find(|c| c.name == name)
+        .map_or(0, |c| c.restart_count)
+}
+
+/// The container's log through the apiserver and the kubelet.
+pub async fn logs(pods: &Api<Pod>, pod: &str, container: &str) -> String {
+    let params = LogParams {
+        container: Some(container.into()),
+        ..LogParams::default()
+    };
+    pods.logs(pod, &params).await.unwrap_or_else(|e| panic!("logs of {pod}/{container}: {e}"))
+}
+
+/// Runs `sh -c script` in `container` through `pods/exec` (apiserver → kubelet → runc) and
+/// waits for it to finish; panics unless it succeeded.
+pub async fn exec(pods: &Api<Pod>, pod: &str, container: &str, script: &str) {
+    let params = AttachParams::default()
+        .container(container)
+        .stdin(false)
+        .stdout(false)
+        .stderr(true);
+    let mut process = pods
+        .exec(pod, ["sh", "-c", script], &params)
+        .await
+        .unwrap_or_else(|e| panic!("exec {script:?} in {pod}/{container}: {e}"));
+    let status = process.take_status().expect("a status channel");
+    let status = tokio::time::timeout(Duration::from_secs(30), status)
+        .await
+        .expect("exec finished")
+        .expect("exec status");
+    assert_eq!(
+        status.status.as_deref(),
+        Some("Success"),
+        "exec {script:?} in {pod}/{container}: {status:?}"
+    );
+}
+
+/// The memory cgroup (v1) of a container of the node: the kubelet names it after the
+/// container id under `<cgroup root>/kubepods/<qos>/pod<uid>/`.
+pub fn memory_cgroup(node: &Node, container_id: &str) -> PathBuf {
+    let root = PathBuf::from("/sys/fs/cgroup/memory").join(node.cgroup_root().trim_start_matches('/'));
+    find_dir(&root, container_id)
+        .unwrap_or_else(|| panic!("no memory cgroup named {container_id} under {}", root.display()))
+}
+
+fn find_dir(dir: &std::path::Path, name: &str) -> Option<PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if entry.file_name() == name {
+            return Some(entry.path());
+        }
+        if let Some(found) = find_dir(&entry.path(), name) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// One figure of a v1 `memory.stat` (bytes).
+pub fn memory_stat(cgroup: &std::path::Path, key: &str) -> u64 {
+    let stat = std::fs::read_to_string(cgroup.join("memory.stat")).unwrap();
+    stat.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{key} not in {}/memory.stat", cgroup.display()))
+}
+
+/// Waits (watching, up to a minute) until `check` holds for pod `name`; on timeout panics with
+/// the pod's conditions and the sidecar's log, which say why far better than the whole pod.
+pub async fn wait_for(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
+    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
+        p.is_some_and(&check)
+    });
+    if let Ok(Ok(Some(pod))) = tokio::time::timeout(Duration::from_secs(60), cond).await {
+        return pod;
+    }
+    let pod = pods.get(name).await.ok();
+    let conditions: Vec<String> = pod
+        .iter()
+        .flat_map(|p| p.status.iter().flat_map(|s| s.conditions.iter().flatten()))
+        .map(|c| format!("{}={} {}", c.type_, c.status, c.message.as_deref().unwrap_or("")))
+        .collect();
+    let labels = pod.as_ref().and_then(|p| p.metadata.labels.clone());
+    let sidecar = logs(pods, name, SIDECAR).await;
+    panic!(
+        "{what}: not reached within a minute\nconditions:\n  {}\nlabels: {labels:?}\nsidecar log:\n{sidecar}",
+        conditions.join("\n  ")
+    );
+}
