@@ -21,7 +21,8 @@ use testkit::real::node::images::GAMESERVER_IMAGE;
 
 use installed::NS;
 use on_node::{
-    SIDECAR, container_id, exec, logs, memory_cgroup, memory_stat, node_and_chart, wait_for,
+    SIDECAR, container_id, exec, logs, memory_cgroup, memory_stat, node_and_chart, restart_count,
+    wait_for,
 };
 use support::{annotation, condition_status, label};
 
@@ -37,6 +38,8 @@ fn game_ppm() -> podprobe_manager::crd::PodProbeMarker {
     let probe = |name: &str, condition: &str, probe: serde_json::Value| {
         let mut probe = probe;
         probe["periodSeconds"] = json!(1);
+        // Long enough to see `Unknown` after a restart before the new container's result.
+        probe["initialDelaySeconds"] = json!(2);
         probe["failureThreshold"] = json!(1);
         json!({"name": name, "containerName": "game", "podConditionType": condition, "probe": probe})
     };
@@ -137,6 +140,40 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
         condition_status(p, HEALTHY).as_deref() == Some("True") && is_ready(p)
     })
     .await;
+
+    // The game container is killed: the kubelet starts a new one (new container id); every
+    // probe publishes `Unknown` until the new container's first results, and procfs finds
+    // the new process by the id containerd gave it (in its /proc/<pid>/cgroup).
+    let old_game = container_id(&healthy, "game").unwrap();
+    let killed = node
+        .ctr()
+        .args(["tasks", "kill", "--signal", "SIGKILL", &old_game])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "ctr tasks kill {old_game}");
+    wait_for(&pods, "game-0", "Unknown after the restart", |p| {
+        [IDLE, HEALTHY, ACCEPTING, SERVING]
+            .iter()
+            .all(|c| condition_status(p, c).as_deref() == Some("Unknown"))
+            && restart_count(p, "game") == 1
+    })
+    .await;
+    // The new container has no idle file: the real state is "not idle" again.
+    let healthy = wait_for(&pods, "game-0", "the new container's results", |p| {
+        [HEALTHY, ACCEPTING, SERVING]
+            .iter()
+            .all(|c| condition_status(p, c).as_deref() == Some("True"))
+            && condition_status(p, IDLE).as_deref() == Some("False")
+            && label(p, IDLE).as_deref() == Some("false")
+    })
+    .await;
+    let new_game = container_id(&healthy, "game").unwrap();
+    assert_ne!(new_game, old_game);
+    let sidecar_log = logs(&pods, "game-0", SIDECAR).await;
+    assert!(
+        sidecar_log.contains(&format!("container_id=\"containerd://{new_game}\" exec_mode=procfs")),
+        "procfs found the restarted container by its id:\n{sidecar_log}"
+    );
 
     // The sidecar's memory in its real container (v1 memory cgroup of its container id).
     let cgroup = memory_cgroup(&node, &container_id(&healthy, SIDECAR).unwrap());
