@@ -26,7 +26,11 @@ trap 'rm -rf "$work"' EXIT
 layout="$work/layout"
 umoci init --layout "$layout"
 umoci new --image "$layout:$tag"
-umoci insert --image "$layout:$tag" "$rootfs" /
+# unpack + repack (not `insert`, whose layer names files from `/` and ends without the tar
+# end-of-archive blocks): one layer with the root filesystem's files, owners and modes.
+umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
+cp -a "$rootfs"/. "$work/bundle/rootfs/"
+umoci repack --image "$layout:$tag" "$work/bundle"
 umoci config --image "$layout:$tag" --os=linux "$@"
 umoci gc --layout "$layout"
 tar -C "$layout" -cf "$out.partial" .

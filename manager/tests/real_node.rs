@@ -13,16 +13,17 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::real::NodeOptions;
-use testkit::real::node::images::GAMESERVER_IMAGE;
+use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
 
 use installed::NS;
 use on_node::{
     SIDECAR, container_id, exec, logs, memory_cgroup, memory_stat, node_and_chart, restart_count,
-    wait_for,
+    wait_each_seen, wait_for,
 };
 use support::{annotation, condition_status, label};
 
@@ -33,13 +34,20 @@ const SERVING: &str = "game.kruise.io/serving";
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// The example game server's probes (examples/game-server-pod.yaml) as a PodProbeMarker, with
-/// the idle recipe's markers.
-fn game_ppm() -> podprobe_manager::crd::PodProbeMarker {
+/// the idle recipe's markers. Named ports need a sidecar that sees the pod spec (`--source
+/// api`); the downward-API file carries only annotations.
+fn game_ppm(named_ports: bool) -> podprobe_manager::crd::PodProbeMarker {
+    let (http, game) = if named_ports {
+        (json!("http"), json!("game"))
+    } else {
+        (json!(8080), json!(7777))
+    };
     let probe = |name: &str, condition: &str, probe: serde_json::Value| {
         let mut probe = probe;
         probe["periodSeconds"] = json!(1);
-        // Long enough to see `Unknown` after a restart before the new container's result.
-        probe["initialDelaySeconds"] = json!(2);
+        // Long enough that each probe publishes `Unknown` after a restart before the new
+        // container has a result (within the writer's 200 ms window the newer result wins).
+        probe["initialDelaySeconds"] = json!(5);
         probe["failureThreshold"] = json!(1);
         json!({"name": name, "containerName": "game", "podConditionType": condition, "probe": probe})
     };
@@ -57,8 +65,8 @@ fn game_ppm() -> podprobe_manager::crd::PodProbeMarker {
         "metadata": {"name": "game", "namespace": NS},
         "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": [
             idle,
-            probe("healthy", HEALTHY, json!({"httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"}})),
-            probe("accepting", ACCEPTING, json!({"tcpSocket": {"port": "game"}})),
+            probe("healthy", HEALTHY, json!({"httpGet": {"path": "/healthz", "port": http, "scheme": "HTTP"}})),
+            probe("accepting", ACCEPTING, json!({"tcpSocket": {"port": game}})),
             probe("serving", SERVING, json!({"grpc": {"port": 9090, "service": "game"}})),
         ]}
     }))
@@ -86,7 +94,9 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     let (running, node) = node_and_chart(NodeOptions::default()).await;
     let cp = &running.cp;
     let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
-    ppms.create(&PostParams::default(), &game_ppm()).await.unwrap();
+    ppms.create(&PostParams::default(), &game_ppm(true))
+        .await
+        .unwrap();
     let pod = game_pod("game-0", node.name());
     cp.wait_admission(&pod, |p| annotation(p, support::PODPROBE).is_some())
         .await
@@ -151,12 +161,12 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
         .status()
         .unwrap();
     assert!(killed.success(), "ctr tasks kill {old_game}");
-    wait_for(&pods, "game-0", "Unknown after the restart", |p| {
-        [IDLE, HEALTHY, ACCEPTING, SERVING]
-            .iter()
-            .all(|c| condition_status(p, c).as_deref() == Some("Unknown"))
-            && restart_count(p, "game") == 1
-    })
+    wait_each_seen(
+        &pods,
+        "game-0",
+        &[IDLE, HEALTHY, ACCEPTING, SERVING],
+        "Unknown",
+    )
     .await;
     // The new container has no idle file: the real state is "not idle" again.
     let healthy = wait_for(&pods, "game-0", "the new container's results", |p| {
@@ -165,13 +175,16 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
             .all(|c| condition_status(p, c).as_deref() == Some("True"))
             && condition_status(p, IDLE).as_deref() == Some("False")
             && label(p, IDLE).as_deref() == Some("false")
+            && restart_count(p, "game") == 1
     })
     .await;
     let new_game = container_id(&healthy, "game").unwrap();
     assert_ne!(new_game, old_game);
     let sidecar_log = logs(&pods, "game-0", SIDECAR).await;
     assert!(
-        sidecar_log.contains(&format!("container_id=\"containerd://{new_game}\" exec_mode=procfs")),
+        sidecar_log.contains(&format!(
+            "container_id=\"containerd://{new_game}\" exec_mode=procfs"
+        )),
         "procfs found the restarted container by its id:\n{sidecar_log}"
     );
 
@@ -193,12 +206,12 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     assert!(rss > 0, "the sidecar's cgroup charges its memory");
 
     // Deletion: the kubelet stops the game and then the native sidecar, which exits 0.
-    pods.delete("game-0", &DeleteParams::default()).await.unwrap();
+    pods.delete("game-0", &DeleteParams::default())
+        .await
+        .unwrap();
     let sidecar_exit = async {
         loop {
-            let Some(pod) = pods.get_opt("game-0").await.unwrap() else {
-                return None;
-            };
+            let pod = pods.get_opt("game-0").await.unwrap()?;
             let terminated = pod
                 .status
                 .and_then(|s| s.init_container_statuses)
@@ -220,6 +233,162 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
         matches!(exit, Some(0) | None),
         "the sidecar exited {exit:?}"
     );
+    let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The sidecar as `examples/sidecar-by-hand.yaml` adds it (no injection), reading its probes
+/// from the downward-API file and running exec probes through `pods/exec`.
+fn pod_with_hand_written_sidecar(name: &str, node: &str) -> Pod {
+    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
+    let mut pod = game_pod(name, node);
+    let mut value = serde_json::to_value(&pod).unwrap();
+    value["metadata"]["labels"]["podprobe.io/inject"] = json!("disabled");
+    value["spec"]["initContainers"] = json!([{
+        "name": SIDECAR, "image": SIDECAR_IMAGE, "restartPolicy": "Always",
+        "args": ["run", "--source", "file", "--exec-mode", "api"],
+        "env": [field("POD_NAME", "metadata.name"), field("POD_NAMESPACE", "metadata.namespace"),
+                field("POD_UID", "metadata.uid"), field("POD_IP", "status.podIP")],
+        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "readOnlyRootFilesystem": true,
+                            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "podinfo", "mountPath": "/etc/podinfo", "readOnly": true}]
+    }]);
+    value["spec"]["volumes"] = json!([{"name": "podinfo", "downwardAPI": {"items": [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}]);
+    pod = serde_json::from_value(value).unwrap();
+    pod
+}
+
+/// `create` and `get` on pods/exec for the sidecar's account (exec over WebSocket is
+/// authorized as `get`, and as `create` too where the apiserver checks both).
+async fn allow_pods_exec(cp: &testkit::real::ControlPlane) {
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "podprobe-sidecar-exec", "namespace": NS},
+        "rules": [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]}]
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "podprobe-sidecar-exec", "namespace": NS},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podprobe-sidecar-exec"},
+        "subjects": [{"kind": "ServiceAccount", "name": "podprobe-sidecar", "namespace": NS}]
+    }))
+    .unwrap();
+    let pp = PostParams::default();
+    Api::<Role>::namespaced(cp.client(), NS)
+        .create(&pp, &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(cp.client(), NS)
+        .create(&pp, &binding)
+        .await
+        .unwrap();
+}
+
+/// The service-account token the kubelet projected into the pod, read where the kubelet keeps
+/// the volume on the node.
+fn projected_token(node: &testkit::real::Node, pod: &Pod) -> String {
+    let uid = pod.metadata.uid.as_deref().unwrap();
+    let volumes = node
+        .dir()
+        .join("kubelet/pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~projected");
+    let volume = std::fs::read_dir(&volumes)
+        .unwrap()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("kube-api-access-")
+        })
+        .unwrap_or_else(|| panic!("no kube-api-access volume in {}", volumes.display()));
+    std::fs::read_to_string(volume.path().join("token")).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn file_source_and_pods_exec_through_the_kubelet_and_the_token_confined_to_its_pod() {
+    let (running, node) = node_and_chart(NodeOptions::default()).await;
+    let cp = &running.cp;
+    allow_pods_exec(cp).await;
+    let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
+    ppms.create(&PostParams::default(), &game_ppm(false))
+        .await
+        .unwrap();
+    let pod = pod_with_hand_written_sidecar("game-api", node.name());
+    cp.wait_admission(&pod, |p| annotation(p, support::PODPROBE).is_some())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_for(&pods, "game-api", "probes written", |p| {
+        condition_status(p, HEALTHY).as_deref() == Some("True")
+            && condition_status(p, IDLE).as_deref() == Some("False")
+    })
+    .await;
+    // The exec probe ran through the apiserver and the kubelet: `test` is in the game
+    // container only (the sidecar image has no shell).
+    exec(&pods, "game-api", "game", "touch /var/run/game/idle").await;
+    wait_for(&pods, "game-api", "idle through pods/exec", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
+
+    // A probe added to the PodProbeMarker: the manager rewrites the annotation, the kubelet
+    // rewrites the downward-API file (atomically, on its next sync), the sidecar picks it up.
+    let lobby = json!({"name": "lobby", "containerName": "game", "podConditionType": "game.kruise.io/lobby",
+                       "probe": {"tcpSocket": {"port": 7777}, "periodSeconds": 1}});
+    let mut ppm = serde_json::to_value(ppms.get("game").await.unwrap()).unwrap();
+    ppm["spec"]["probes"].as_array_mut().unwrap().push(lobby);
+    ppms.replace(
+        "game",
+        &PostParams::default(),
+        &serde_json::from_value(ppm).unwrap(),
+    )
+    .await
+    .unwrap();
+    let up = wait_for(&pods, "game-api", "the added probe's condition", |p| {
+        condition_status(p, "game.kruise.io/lobby").as_deref() == Some("True")
+    })
+    .await;
+    let log = logs(&pods, "game-api", SIDECAR).await;
+    assert!(log.contains("game.kruise.io/lobby"), "{log}");
+    assert!(log.contains("exec_mode=api"), "{log}");
+
+    // The kubelet-projected token writes its own pod's conditions (above) and nothing else:
+    // the chart's ValidatingAdmissionPolicy denies it a neighbour's status.
+    let neighbour: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "neighbour", "namespace": NS, "labels": {"podprobe.io/inject": "disabled"}},
+        "spec": {"containers": [{"name": "game", "image": GAMESERVER_IMAGE}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &neighbour)
+        .await
+        .unwrap();
+    let token = projected_token(&node, &up);
+    let as_sidecar: Api<Pod> = Api::namespaced(cp.client_for_token(&token), NS);
+    let write = json!({"status": {"conditions": [{"type": HEALTHY, "status": "False"}]}});
+    let denied = as_sidecar
+        .patch_status(
+            "neighbour",
+            &PatchParams::default(),
+            &Patch::Strategic(&write),
+        )
+        .await
+        .expect_err("a write to the neighbour's status is denied");
+    match denied {
+        kube::Error::Api(e) => assert!(
+            e.code == 403 && e.message.contains("ValidatingAdmissionPolicy"),
+            "{e:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let own = json!({"status": {"conditions": [{"type": "game.kruise.io/lobby", "status": "True",
+                                                "reason": "PodProbeSucceeded"}]}});
+    as_sidecar
+        .patch_status("game-api", &PatchParams::default(), &Patch::Strategic(&own))
+        .await
+        .expect("the same token writes its own pod's probe condition");
+
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

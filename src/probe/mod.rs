@@ -149,9 +149,18 @@ impl Target {
                         });
                 }
                 name.parse::<u16>().ok().filter(|n| *n != 0).ok_or_else(|| {
+                    // No declared ports at all is also what the sidecar sees when it reads
+                    // only the downward-API file (seen on a real node): say how to fix that.
+                    let reason = if self.container_ports.is_empty() {
+                        "no ports known for the target container (with `--source file` the \
+                         sidecar does not see the pod spec: use a port number in the probe, \
+                         or `--source api`)"
+                    } else {
+                        "no port with that name in the target container"
+                    };
                     AttemptError::UnresolvedPort {
                         name: name.clone(),
-                        reason: "no port with that name in the target container".into(),
+                        reason: reason.into(),
                     }
                 })
             }

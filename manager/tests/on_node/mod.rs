@@ -69,7 +69,12 @@ pub fn restart_count(pod: &Pod, name: &str) -> i32 {
         .and_then(|s| s.container_statuses.as_ref())
         .into_iter()
         .flatten()
-        .chain(status.and_then(|s| s.init_container_statuses.as_ref()).into_iter().flatten())
+        .chain(
+            status
+                .and_then(|s| s.init_container_statuses.as_ref())
+                .into_iter()
+                .flatten(),
+        )
         .find(|c| c.name == name)
         .map_or(0, |c| c.restart_count)
 }
@@ -80,7 +85,9 @@ pub async fn logs(pods: &Api<Pod>, pod: &str, container: &str) -> String {
         container: Some(container.into()),
         ..LogParams::default()
     };
-    pods.logs(pod, &params).await.unwrap_or_else(|e| panic!("logs of {pod}/{container}: {e}"))
+    pods.logs(pod, &params)
+        .await
+        .unwrap_or_else(|e| panic!("logs of {pod}/{container}: {e}"))
 }
 
 /// Runs `sh -c script` in `container` through `pods/exec` (apiserver → kubelet → runc) and
@@ -110,9 +117,14 @@ pub async fn exec(pods: &Api<Pod>, pod: &str, container: &str, script: &str) {
 /// The memory cgroup (v1) of a container of the node: the kubelet names it after the
 /// container id under `<cgroup root>/kubepods/<qos>/pod<uid>/`.
 pub fn memory_cgroup(node: &Node, container_id: &str) -> PathBuf {
-    let root = PathBuf::from("/sys/fs/cgroup/memory").join(node.cgroup_root().trim_start_matches('/'));
-    find_dir(&root, container_id)
-        .unwrap_or_else(|| panic!("no memory cgroup named {container_id} under {}", root.display()))
+    let root =
+        PathBuf::from("/sys/fs/cgroup/memory").join(node.cgroup_root().trim_start_matches('/'));
+    find_dir(&root, container_id).unwrap_or_else(|| {
+        panic!(
+            "no memory cgroup named {container_id} under {}",
+            root.display()
+        )
+    })
 }
 
 fn find_dir(dir: &std::path::Path, name: &str) -> Option<PathBuf> {
@@ -140,7 +152,12 @@ pub fn memory_stat(cgroup: &std::path::Path, key: &str) -> u64 {
 
 /// Waits (watching, up to a minute) until `check` holds for pod `name`; on timeout panics with
 /// the pod's conditions and the sidecar's log, which say why far better than the whole pod.
-pub async fn wait_for(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&Pod) -> bool) -> Pod {
+pub async fn wait_for(
+    pods: &Api<Pod>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Pod) -> bool,
+) -> Pod {
     let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
         p.is_some_and(&check)
     });
@@ -151,7 +168,14 @@ pub async fn wait_for(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&P
     let conditions: Vec<String> = pod
         .iter()
         .flat_map(|p| p.status.iter().flat_map(|s| s.conditions.iter().flatten()))
-        .map(|c| format!("{}={} {}", c.type_, c.status, c.message.as_deref().unwrap_or("")))
+        .map(|c| {
+            format!(
+                "{}={} {}",
+                c.type_,
+                c.status,
+                c.message.as_deref().unwrap_or("")
+            )
+        })
         .collect();
     let labels = pod.as_ref().and_then(|p| p.metadata.labels.clone());
     let sidecar = logs(pods, name, SIDECAR).await;
@@ -159,4 +183,37 @@ pub async fn wait_for(pods: &Api<Pod>, name: &str, what: &str, check: impl Fn(&P
         "{what}: not reached within a minute\nconditions:\n  {}\nlabels: {labels:?}\nsidecar log:\n{sidecar}",
         conditions.join("\n  ")
     );
+}
+
+/// Watches pod `name` until each condition type in `types` has been seen with `status` at
+/// some point (not necessarily all at once: each probe's worker notices a restart on its own
+/// tick, and the first may have its new result before the last publishes `Unknown`).
+pub async fn wait_each_seen(pods: &Api<Pod>, name: &str, types: &[&str], status: &str) {
+    use futures::TryStreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let mut seen = std::collections::BTreeSet::new();
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut stream = std::pin::pin!(watcher(pods.clone(), config).applied_objects());
+    let watch = async {
+        while let Some(pod) = stream.try_next().await.expect("watch the pod") {
+            for condition in pod
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter().flatten())
+            {
+                if condition.status == status && types.contains(&condition.type_.as_str()) {
+                    seen.insert(condition.type_.clone());
+                }
+            }
+            if seen.len() == types.len() {
+                return;
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(60), watch)
+        .await
+        .is_err()
+    {
+        panic!("{types:?} each {status} at some point: only {seen:?} within a minute");
+    }
 }

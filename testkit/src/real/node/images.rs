@@ -86,7 +86,19 @@ fn workspace() -> PathBuf {
 fn cargo_build(root: &Path, args: &[&str], profile: &str, bin: &str) -> Result<PathBuf, Error> {
     let target_dir = root.join("cargo");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    // The same build whichever test asks: none of the calling test's cargo environment
+    // (package name, manifest dir, and the library path nextest sets per package, which
+    // cargo counts as a change and rebuilds ring for) may reach the build.
+    let inherited = std::env::vars_os().map(|(k, _)| k).filter(|k| {
+        k.to_str().is_some_and(|k| {
+            (k.starts_with("CARGO_") && k != "CARGO_HOME") || k.ends_with("LD_LIBRARY_PATH")
+        })
+    });
+    let mut command = Command::new(cargo);
+    for key in inherited {
+        command.env_remove(key);
+    }
+    let status = command
         .current_dir(workspace())
         .args(["build", "--locked", "--target", MUSL, "--profile", profile])
         .args(args)
@@ -197,11 +209,7 @@ fn gameserver_image(root: &Path, binary: &Path) -> Result<ImageArchive, Error> {
             },
         ),
     ];
-    entries.extend(
-        links
-            .iter()
-            .map(|(path, entry)| (path.as_str(), *entry)),
-    );
+    entries.extend(links.iter().map(|(path, entry)| (path.as_str(), *entry)));
     image(
         root,
         GAMESERVER_IMAGE,
