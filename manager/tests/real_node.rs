@@ -13,17 +13,17 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::real::NodeOptions;
-use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
+use testkit::real::node::images::GAMESERVER_IMAGE;
 
 use installed::NS;
 use on_node::{
-    SIDECAR, container_id, exec, logs, memory_cgroup, memory_stat, node_and_chart, restart_count,
-    wait_each_seen, wait_for,
+    SIDECAR, allow_pods_exec, container_id, exec, game_pod, logs, memory_cgroup, memory_stat,
+    node_and_chart, pod_with_hand_written_sidecar, projected_token, restart_count, wait_each_seen,
+    wait_for,
 };
 use support::{annotation, condition_status, label};
 
@@ -70,19 +70,6 @@ fn game_ppm(named_ports: bool) -> podprobe_manager::crd::PodProbeMarker {
             probe("serving", SERVING, json!({"grpc": {"port": 9090, "service": "game"}})),
         ]}
     }))
-}
-
-fn game_pod(name: &str, node: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS, "labels": {"app": "game"}},
-        "spec": {"nodeName": node, "serviceAccountName": "podprobe-sidecar",
-                 "terminationGracePeriodSeconds": 10,
-                 "containers": [{"name": "game", "image": GAMESERVER_IMAGE,
-                    "ports": [{"name": "game", "containerPort": 7777},
-                              {"name": "http", "containerPort": 8080},
-                              {"name": "grpc", "containerPort": 9090}]}]}
-    }))
-    .unwrap()
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -235,74 +222,6 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     );
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
-}
-
-/// The sidecar as `examples/sidecar-by-hand.yaml` adds it (no injection), reading its probes
-/// from the downward-API file and running exec probes through `pods/exec`.
-fn pod_with_hand_written_sidecar(name: &str, node: &str) -> Pod {
-    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
-    let mut pod = game_pod(name, node);
-    let mut value = serde_json::to_value(&pod).unwrap();
-    value["metadata"]["labels"]["podprobe.io/inject"] = json!("disabled");
-    value["spec"]["initContainers"] = json!([{
-        "name": SIDECAR, "image": SIDECAR_IMAGE, "restartPolicy": "Always",
-        "args": ["run", "--source", "file", "--exec-mode", "api"],
-        "env": [field("POD_NAME", "metadata.name"), field("POD_NAMESPACE", "metadata.namespace"),
-                field("POD_UID", "metadata.uid"), field("POD_IP", "status.podIP")],
-        "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "readOnlyRootFilesystem": true,
-                            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "podinfo", "mountPath": "/etc/podinfo", "readOnly": true}]
-    }]);
-    value["spec"]["volumes"] = json!([{"name": "podinfo", "downwardAPI": {"items": [
-        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}]);
-    pod = serde_json::from_value(value).unwrap();
-    pod
-}
-
-/// `create` and `get` on pods/exec for the sidecar's account (exec over WebSocket is
-/// authorized as `get`, and as `create` too where the apiserver checks both).
-async fn allow_pods_exec(cp: &testkit::real::ControlPlane) {
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "podprobe-sidecar-exec", "namespace": NS},
-        "rules": [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]}]
-    }))
-    .unwrap();
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "podprobe-sidecar-exec", "namespace": NS},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "podprobe-sidecar-exec"},
-        "subjects": [{"kind": "ServiceAccount", "name": "podprobe-sidecar", "namespace": NS}]
-    }))
-    .unwrap();
-    let pp = PostParams::default();
-    Api::<Role>::namespaced(cp.client(), NS)
-        .create(&pp, &role)
-        .await
-        .unwrap();
-    Api::<RoleBinding>::namespaced(cp.client(), NS)
-        .create(&pp, &binding)
-        .await
-        .unwrap();
-}
-
-/// The service-account token the kubelet projected into the pod, read where the kubelet keeps
-/// the volume on the node.
-fn projected_token(node: &testkit::real::Node, pod: &Pod) -> String {
-    let uid = pod.metadata.uid.as_deref().unwrap();
-    let volumes = node
-        .dir()
-        .join("kubelet/pods")
-        .join(uid)
-        .join("volumes/kubernetes.io~projected");
-    let volume = std::fs::read_dir(&volumes)
-        .unwrap()
-        .flatten()
-        .find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with("kube-api-access-")
-        })
-        .unwrap_or_else(|| panic!("no kube-api-access volume in {}", volumes.display()));
-    std::fs::read_to_string(volume.path().join("token")).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,0 +1,265 @@
+//! Exec probe cost on a real node (a program, not a test): `procfs` against `pods/exec`
+//! through the real apiserver, kubelet, containerd and runc, in one run.
+//!
+//! One node, the chart installed; then three windows of SECONDS each on the same node:
+//! 1. baseline: the same game server pod with the injected sidecar and no probes (what the
+//!    kubelet, the runtime and an idle sidecar cost without any attempt);
+//! 2. procfs: one pod whose injected sidecar (auto → procfs) runs PROBES exec probes
+//!    (`test -f /var/run/game/idle`, period 1 s) in the game container;
+//! 3. api: the same probes from a hand-written sidecar with `--exec-mode api`.
+//!
+//! Per attempt it prints the CPU above the baseline window of everything an attempt can cost:
+//! the sidecar's container (cgroup `cpuacct.usage`; procfs runs the command there too) and the
+//! node's and control plane's processes (`/proc/<pid>/stat`, children included: apiserver,
+//! etcd, kubelet, containerd, the shims, which reap runc and the command `pods/exec` starts).
+//! The machine-wide figure (`/proc/stat`) is printed too; it is noisier (everything else on
+//! the machine is in it).
+//! Attempts are PROBES × SECONDS (one per probe per period). Run it on a quiet machine; the
+//! figures go to `docs/perf/node_exec.csv`.
+//!
+//! `cargo run --release -p podprobe-manager --example bench_node_exec [-- SECONDS PROBES]`
+
+#[path = "../tests/cluster/mod.rs"]
+mod cluster;
+#[path = "../tests/installed/mod.rs"]
+mod installed;
+#[path = "../tests/on_node/mod.rs"]
+mod on_node;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+use testkit::real::{Node, NodeOptions};
+
+use installed::NS;
+use on_node::{SIDECAR, container_id, wait_for};
+
+fn arg(i: usize, default: u64) -> u64 {
+    std::env::args()
+        .nth(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Busy and total jiffies of the whole machine (`/proc/stat`, first line).
+fn machine_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().unwrap())
+        .collect();
+    let idle = fields[3] + fields[4]; // idle + iowait
+    (fields.iter().sum::<u64>() - idle, fields.iter().sum())
+}
+
+/// CPU seconds (`cpuacct.usage`) of a container of the node, found by its id.
+fn container_cpu(node: &Node, id: &str) -> f64 {
+    let root = std::path::PathBuf::from("/sys/fs/cgroup/cpuacct")
+        .join(node.cgroup_root().trim_start_matches('/'));
+    let dir = find(&root, id).unwrap_or_else(|| panic!("no cpuacct cgroup {id}"));
+    let ns: u64 = std::fs::read_to_string(dir.join("cpuacct.usage"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    ns as f64 / 1e9
+}
+
+fn find(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .find_map(|e| {
+            if e.file_name() == name {
+                Some(e.path())
+            } else {
+                find(&e.path(), name)
+            }
+        })
+}
+
+/// USER_HZ on Linux.
+const HZ: f64 = 100.0;
+
+/// CPU seconds (own and reaped children's) of the processes whose command line names one of
+/// `markers` (the node's and the control plane's directories).
+fn processes_cpu(markers: &[String]) -> f64 {
+    let mut jiffies = 0u64;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if !markers.iter().any(|m| cmdline.contains(m.as_str())) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After the parenthesised command: utime stime cutime cstime are fields 14-17.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<&str> = after.split(' ').collect();
+        jiffies += fields[11..15]
+            .iter()
+            .map(|f| f.parse::<u64>().unwrap_or(0))
+            .sum::<u64>();
+    }
+    jiffies as f64 / HZ
+}
+
+struct Window {
+    /// Machine busy CPU seconds during the window.
+    busy: f64,
+    /// CPU seconds of the node's and control plane's processes.
+    daemons: f64,
+    /// CPU seconds charged to the sidecar's container.
+    sidecar: f64,
+}
+
+async fn measure(seconds: u64, markers: &[String], node: &Node, sidecar: &str) -> Window {
+    let (busy0, _) = machine_jiffies();
+    let (daemons0, side0) = (processes_cpu(markers), container_cpu(node, sidecar));
+    tokio::time::sleep(Duration::from_secs(seconds)).await; // the measurement window itself
+    let (busy1, _) = machine_jiffies();
+    Window {
+        busy: (busy1 - busy0) as f64 / HZ,
+        daemons: processes_cpu(markers) - daemons0,
+        sidecar: container_cpu(node, sidecar) - side0,
+    }
+}
+
+fn exec_ppm(probes: u64) -> podprobe_manager::crd::PodProbeMarker {
+    let probes: Vec<_> = (0..probes)
+        .map(|i| {
+            json!({"name": format!("e{i}"), "containerName": "game",
+            "podConditionType": format!("game.kruise.io/e{i}"),
+            "probe": {"exec": {"command": ["sh", "-c", "test -f /var/run/game/idle"]},
+                      "periodSeconds": 1, "failureThreshold": 1}})
+        })
+        .collect();
+    support::ppm(&json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
+        "metadata": {"name": "bench", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": probes}
+    }))
+}
+
+async fn run_pod(pods: &Api<Pod>, pod: Pod, probes: u64) -> String {
+    let name = pod.metadata.name.clone().unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let up = wait_for(pods, &name, "running, every exec probe written", |p| {
+        container_id(p, SIDECAR).is_some()
+            && (0..probes).all(|i| {
+                support::condition_status(p, &format!("game.kruise.io/e{i}")).as_deref()
+                    == Some("False")
+            })
+    })
+    .await;
+    container_id(&up, SIDECAR).unwrap()
+}
+
+async fn delete_pod(pods: &Api<Pod>, name: &str) {
+    pods.delete(name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    while pods.get_opt(name).await.unwrap().is_some() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let seconds = arg(1, 20);
+    let probes = arg(2, 10);
+    let (running, node) = on_node::node_and_chart(NodeOptions::default()).await;
+    let cp = &running.cp;
+    on_node::allow_pods_exec(cp).await;
+    let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
+    ppms.create(&PostParams::default(), &exec_ppm(probes))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    let probe_pod = on_node::game_pod("bench-procfs", node.name());
+    cp.wait_admission(&probe_pod, |p| {
+        support::annotation(p, support::PODPROBE).is_some()
+    })
+    .await
+    .unwrap();
+
+    let mut quiet = on_node::game_pod("bench-quiet", node.name());
+    quiet.metadata.labels = Some([("app".to_owned(), "quiet".to_owned())].into());
+    let quiet_id = run_pod(&pods, quiet, 0).await;
+    let markers = [
+        node.dir().display().to_string(),
+        cp.dir().display().to_string(),
+    ];
+    let idle = measure(seconds, &markers, &node, &quiet_id).await;
+    delete_pod(&pods, "bench-quiet").await;
+    let id = run_pod(&pods, probe_pod, probes).await;
+    let procfs = measure(seconds, &markers, &node, &id).await;
+    delete_pod(&pods, "bench-procfs").await;
+    let id = run_pod(
+        &pods,
+        on_node::pod_with_hand_written_sidecar("bench-api", node.name()),
+        probes,
+    )
+    .await;
+    let api = measure(seconds, &markers, &node, &id).await;
+    delete_pod(&pods, "bench-api").await;
+
+    let attempts = (probes * seconds) as f64;
+    let ms = |s: f64| s * 1000.0 / attempts;
+    let cost = |w: &Window| ms(w.sidecar + w.daemons - idle.sidecar - idle.daemons);
+    println!(
+        "exec probe cost on a real node: {probes} probes × {seconds} s = {attempts} attempts per mode"
+    );
+    println!(
+        "baseline (pod and sidecar without probes): sidecar {:.3}, node + control plane {:.2}, machine {:.2} CPU-s in {seconds} s",
+        idle.sidecar, idle.daemons, idle.busy
+    );
+    println!(
+        "{:<8} {:>14} {:>14} {:>14} {:>14}",
+        "mode", "cost ms/att", "sidecar ms", "daemons ms", "machine ms"
+    );
+    for (mode, w) in [("procfs", &procfs), ("api", &api)] {
+        println!(
+            "{mode:<8} {:>14.2} {:>14.2} {:>14.2} {:>14.2}",
+            cost(w),
+            ms(w.sidecar - idle.sidecar),
+            ms(w.daemons - idle.daemons),
+            ms(w.busy - idle.busy)
+        );
+    }
+    println!(
+        "pods/exec / procfs, CPU per attempt: {:.1}×",
+        cost(&api) / cost(&procfs)
+    );
+    let csv = format!(
+        "mode,cpu_ms_per_attempt,sidecar_ms,daemons_ms,machine_ms\n{}",
+        [("procfs", &procfs), ("api", &api)]
+            .iter()
+            .map(|(mode, w)| format!(
+                "{mode},{:.3},{:.3},{:.3},{:.3}\n",
+                cost(w),
+                ms(w.sidecar - idle.sidecar),
+                ms(w.daemons - idle.daemons),
+                ms(w.busy - idle.busy)
+            ))
+            .collect::<String>()
+    );
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/node_exec.csv");
+    std::fs::write(&out, csv).unwrap();
+    println!("wrote {}", out.display());
+    let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
