@@ -15,6 +15,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::NodeOptions;
 use testkit::real::node::images::GAMESERVER_IMAGE;
@@ -22,8 +23,8 @@ use testkit::real::node::images::GAMESERVER_IMAGE;
 use installed::NS;
 use on_node::{
     SIDECAR, allow_pods_exec, container_id, exec, game_pod, logs, memory_cgroup, memory_stat,
-    node_and_chart, pod_with_hand_written_sidecar, projected_token, restart_count, wait_each_seen,
-    wait_for,
+    node_and_chart, node_and_chart_in, pod_with_hand_written_sidecar, projected_token,
+    restart_count, wait_each_seen, wait_for,
 };
 use support::{annotation, condition_status, label};
 
@@ -308,6 +309,46 @@ async fn file_source_and_pods_exec_through_the_kubelet_and_the_token_confined_to
         .await
         .expect("the same token writes its own pod's probe condition");
 
+    let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The serverless protocol end to end on a node labelled as a virtual-kubelet one: OpenKruise's
+/// kruise-manager (EnablePodProbeMarkerOnServerless) owns the PodProbeMarker, annotates the pod
+/// and writes the markers; podprobe-manager (companion) injects the sidecar, which runs on the
+/// real kubelet and writes the conditions Kruise reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn kruise_marks_the_pods_of_a_virtual_kubelet_node_from_the_sidecars_conditions() {
+    let labels = [("type".to_owned(), "virtual-kubelet".to_owned())].into();
+    let options = NodeOptions {
+        labels,
+        ..NodeOptions::default()
+    };
+    let (running, node) = node_and_chart_in(options, Mode::Companion).await;
+    let cp = &running.cp;
+    let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
+    // Kruise's validation knows no grpc handler ("must specify a handler type").
+    let mut ppm = game_ppm(true);
+    ppm.spec.probes.retain(|p| p.name != "serving");
+    ppms.create(&PostParams::default(), &ppm).await.unwrap();
+    let pod = game_pod("game-vk", node.name());
+    cp.wait_admission(&pod, |p| annotation(p, support::PODPROBE).is_some())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let failed = wait_for(&pods, "game-vk", "Kruise's Failed markers", |p| {
+        condition_status(p, IDLE).as_deref() == Some("False")
+            && label(p, IDLE).as_deref() == Some("false")
+    })
+    .await;
+    assert_eq!(annotation(&failed, DELETION_COST).as_deref(), Some("100"));
+    exec(&pods, "game-vk", "game", "touch /var/run/game/idle").await;
+    let idle = wait_for(&pods, "game-vk", "Kruise's Succeeded markers", |p| {
+        label(p, IDLE).as_deref() == Some("true")
+    })
+    .await;
+    assert_eq!(annotation(&idle, DELETION_COST).as_deref(), Some("-100"));
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -32,6 +32,12 @@ const PROCFS_SECURITY_CONTEXT: &str = r#"injection.config.securityContext={"runA
 /// A node (with `options`) and the chart in standalone mode on its control plane, injecting
 /// the locally built sidecar image for procfs exec.
 pub async fn node_and_chart(options: NodeOptions) -> (Running, Node) {
+    node_and_chart_in(options, Mode::Standalone).await
+}
+
+/// [`node_and_chart`] in `mode`; in companion mode OpenKruise's kruise-manager runs first
+/// (its CRDs, webhooks and `EnablePodProbeMarkerOnServerless`).
+pub async fn node_and_chart_in(options: NodeOptions, mode: Mode) -> (Running, Node) {
     let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
     let mut cp = ControlPlane::start_on(network.host_ip())
         .await
@@ -39,6 +45,11 @@ pub async fn node_and_chart(options: NodeOptions) -> (Running, Node) {
     let node = Node::start(&mut cp, network, options)
         .await
         .unwrap_or_else(|e| panic!("node: {e}"));
+    if mode == Mode::Companion {
+        cp.start_kruise_manager()
+            .await
+            .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    }
     let image = format!("injection.config.image={SIDECAR_IMAGE}");
     let args = [
         "--set",
@@ -48,7 +59,7 @@ pub async fn node_and_chart(options: NodeOptions) -> (Running, Node) {
         "--set-json",
         PROCFS_SECURITY_CONTEXT,
     ];
-    let running = install_and_run_with(cp, Mode::Standalone, &args).await;
+    let running = install_and_run_with(cp, mode, &args).await;
     (running, node)
 }
 
