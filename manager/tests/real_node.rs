@@ -352,3 +352,116 @@ async fn kruise_marks_the_pods_of_a_virtual_kubelet_node_from_the_sidecars_condi
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// `examples/recipes/readiness-gate.yaml` as committed, on a real kubelet: the Deployment's
+/// pod is Ready only while its probe condition is True, and the Service's EndpointSlice
+/// follows. The test changes only what a node without a registry and a scheduler needs: the
+/// image and `nodeName`.
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_gate_recipe_takes_a_draining_server_out_of_its_service() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::ListParams;
+
+    let options = NodeOptions {
+        controllers: vec!["deployment", "replicaset", "endpointslice"],
+        ..NodeOptions::default()
+    };
+    let (running, node) = node_and_chart(options).await;
+    let cp = &running.cp;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/recipes/readiness-gate.yaml");
+    let docs = cluster::documents(&std::fs::read_to_string(path).unwrap());
+    let pp = PostParams::default();
+    let ppm = support::ppm(&docs[0]);
+    Api::<podprobe_manager::crd::PodProbeMarker>::namespaced(cp.client(), NS)
+        .create(&pp, &ppm)
+        .await
+        .unwrap();
+    let service: Service = serde_json::from_value(docs[1].clone()).unwrap();
+    Api::<Service>::namespaced(cp.client(), NS)
+        .create(&pp, &service)
+        .await
+        .unwrap();
+    let mut deployment = docs[2].clone();
+    let template = &mut deployment["spec"]["template"];
+    template["spec"]["nodeName"] = json!(node.name());
+    template["spec"]["containers"][0]["image"] = json!(GAMESERVER_IMAGE);
+    let probe_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "template-check", "namespace": NS, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"]
+    }))
+    .unwrap();
+    cp.wait_admission(&probe_pod, |p| annotation(p, support::PODPROBE).is_some())
+        .await
+        .unwrap();
+    let deployment: Deployment = serde_json::from_value(deployment).unwrap();
+    Api::<Deployment>::namespaced(cp.client(), NS)
+        .create(&pp, &deployment)
+        .await
+        .unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    let lobby = ListParams::default().labels("app=lobby");
+    let name = async {
+        loop {
+            if let Some(pod) = pods.list(&lobby).await.unwrap().items.first() {
+                return pod.metadata.name.clone().unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let name = tokio::time::timeout(Duration::from_secs(60), name)
+        .await
+        .expect("the ReplicaSet created the lobby pod");
+    let slices: Api<EndpointSlice> = Api::namespaced(cp.client(), NS);
+    let endpoint_ready = |want: bool| {
+        let slices = slices.clone();
+        async move {
+            let by_service = ListParams::default().labels("kubernetes.io/service-name=lobby");
+            let wait = async {
+                loop {
+                    let ready: Vec<bool> = slices
+                        .list(&by_service)
+                        .await
+                        .unwrap()
+                        .items
+                        .iter()
+                        .flat_map(|s| s.endpoints.iter())
+                        .map(|e| e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(false))
+                        .collect();
+                    if ready == [want] {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(60), wait)
+                .await
+                .unwrap_or_else(|_| panic!("the Service's one endpoint ready={want}"));
+        }
+    };
+
+    wait_for(&pods, &name, "Ready through the gate", |p| {
+        condition_status(p, HEALTHY).as_deref() == Some("True") && is_ready(p)
+    })
+    .await;
+    endpoint_ready(true).await;
+    exec(&pods, &name, "lobby", "touch /var/run/game/unhealthy").await;
+    wait_for(&pods, &name, "not Ready while draining", |p| {
+        condition_status(p, HEALTHY).as_deref() == Some("False") && !is_ready(p)
+    })
+    .await;
+    endpoint_ready(false).await;
+    exec(&pods, &name, "lobby", "rm /var/run/game/unhealthy").await;
+    endpoint_ready(true).await;
+    // No garbage collector runs here: scale to zero so the ReplicaSet stops recreating it.
+    let scale = json!({"spec": {"replicas": 0}});
+    Api::<Deployment>::namespaced(cp.client(), NS)
+        .patch("lobby", &PatchParams::default(), &Patch::Merge(&scale))
+        .await
+        .unwrap();
+    let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
