@@ -5,8 +5,9 @@
 //! ValidatingAdmissionPolicy, ServiceAccount) and an audit log that serves as the journal of
 //! what clients sent.
 //!
-//! There is no kubelet or scheduler, and no controller-manager or kruise-manager unless a
-//! test starts one ([`ControlPlane::start_kruise_manager`]): the test plays the kubelet (it
+//! There is no scheduler, and no kubelet, controller-manager or kruise-manager unless a test
+//! starts one ([`Node`], [`ControlPlane::start_controller_manager`],
+//! [`ControlPlane::start_kruise_manager`]): without a node the test plays the kubelet (it
 //! writes pod status as admin), creates the ServiceAccounts a namespace needs, and finishes
 //! graceful deletions itself. Each [`ControlPlane`] is private to its test; dropping it (also
 //! while a failing test unwinds) kills its processes, and the kernel kills them if the test
