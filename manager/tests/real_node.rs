@@ -12,9 +12,10 @@ mod support;
 
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::NodeOptions;
@@ -193,13 +194,23 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     );
     assert!(rss > 0, "the sidecar's cgroup charges its memory");
 
-    // Deletion: the kubelet stops the game and then the native sidecar, which exits 0.
+    // Deletion: the kubelet stops the game, then the native sidecar, which stops probing,
+    // exits 0 within the grace period, and writes nothing once the pod is terminating. Every
+    // update of the pod is watched from here, so the kubelet's last report is seen.
+    let watch = WatchParams::default().fields("metadata.name=game-0");
+    let version = healthy.metadata.resource_version.clone().unwrap();
+    let mut updates = pods.watch(&watch, &version).await.unwrap().boxed();
     pods.delete("game-0", &DeleteParams::default())
         .await
         .unwrap();
     let sidecar_exit = async {
-        loop {
-            let pod = pods.get_opt("game-0").await.unwrap()?;
+        let mut exit = None;
+        while let Some(event) = updates.try_next().await.unwrap() {
+            let pod = match event {
+                WatchEvent::Added(p) | WatchEvent::Modified(p) => p,
+                WatchEvent::Deleted(_) => return exit,
+                other => panic!("watch: {other:?}"),
+            };
             let terminated = pod
                 .status
                 .and_then(|s| s.init_container_statuses)
@@ -208,18 +219,32 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
                 .find(|c| c.name == SIDECAR)
                 .and_then(|c| c.state)
                 .and_then(|s| s.terminated);
-            if let Some(t) = terminated {
-                return Some(t.exit_code);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            exit = terminated.map(|t| t.exit_code).or(exit);
         }
+        exit
     };
-    let exit = tokio::time::timeout(Duration::from_secs(60), sidecar_exit)
+    let exit = tokio::time::timeout(Duration::from_secs(30), sidecar_exit)
         .await
-        .expect("the pod went within its grace period");
+        .expect("the pod went within its 10 s grace period");
+    assert_eq!(
+        exit,
+        Some(0),
+        "the sidecar's exit code as the kubelet reported it"
+    );
+    let audit = cp.audit().unwrap();
+    let deleted = audit
+        .iter()
+        .position(|e| e.is("delete", "pods", Some("game-0")))
+        .expect("the delete in the audit log");
+    let sidecar_user = format!("system:serviceaccount:{NS}:podprobe-sidecar");
+    let late: Vec<_> = audit[deleted..]
+        .iter()
+        .filter(|e| e.user.username == sidecar_user && e.verb != "watch" && e.verb != "get")
+        .map(|e| &e.request_uri)
+        .collect();
     assert!(
-        matches!(exit, Some(0) | None),
-        "the sidecar exited {exit:?}"
+        late.is_empty(),
+        "the sidecar wrote after the deletion: {late:?}"
     );
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
