@@ -20,13 +20,6 @@ use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode};
 use support::*;
 use testkit::ApiServer;
 
-fn arg(i: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(i)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i]
@@ -34,9 +27,9 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let rate = arg(1, 500);
-    let seconds = arg(2, 5);
-    let pods = arg(3, 10_000) as usize;
+    let rate = support::bench_arg(1, 500);
+    let seconds = support::bench_arg(2, 5);
+    let pods = support::bench_arg(3, 10_000) as usize;
 
     // ---- webhook latency ----
     let api = tv03_cluster(100_000).await;

@@ -39,13 +39,6 @@ use testkit::real::{Node, NodeOptions};
 use installed::NS;
 use on_node::{SIDECAR, container_id, wait_for};
 
-fn arg(i: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(i)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Busy and total jiffies of the whole machine (`/proc/stat`, first line).
 fn machine_jiffies() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap();
@@ -179,8 +172,8 @@ async fn delete_pod(pods: &Api<Pod>, name: &str) {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let seconds = arg(1, 20);
-    let probes = arg(2, 10);
+    let seconds = support::bench_arg(1, 20);
+    let probes = support::bench_arg(2, 10);
     let (running, node) = on_node::node_and_chart(NodeOptions::default()).await;
     let cp = &running.cp;
     on_node::allow_pods_exec(cp).await;

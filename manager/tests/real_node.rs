@@ -74,6 +74,27 @@ fn game_ppm(named_ports: bool) -> podprobe_manager::crd::PodProbeMarker {
     }))
 }
 
+/// Creates `ppm` in [`NS`].
+async fn create_ppm(
+    cp: &testkit::real::ControlPlane,
+    ppm: &podprobe_manager::crd::PodProbeMarker,
+) -> Api<podprobe_manager::crd::PodProbeMarker> {
+    let ppms = Api::namespaced(cp.client(), NS);
+    ppms.create(&PostParams::default(), ppm).await.unwrap();
+    ppms
+}
+
+/// Creates `pod` once the webhooks' caches have the PodProbeMarkers it matches (a dry run is
+/// admitted with the probe annotation).
+async fn create_admitted(cp: &testkit::real::ControlPlane, pod: &Pod) -> Api<Pod> {
+    cp.wait_admission(pod, |p| annotation(p, support::PODPROBE).is_some())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    pods.create(&PostParams::default(), pod).await.unwrap();
+    pods
+}
+
 fn is_ready(pod: &Pod) -> bool {
     condition_status(pod, "Ready").as_deref() == Some("True")
 }
@@ -82,16 +103,8 @@ fn is_ready(pod: &Pod) -> bool {
 async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     let (running, node) = node_and_chart(NodeOptions::default()).await;
     let cp = &running.cp;
-    let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
-    ppms.create(&PostParams::default(), &game_ppm(true))
-        .await
-        .unwrap();
-    let pod = game_pod("game-0", node.name());
-    cp.wait_admission(&pod, |p| annotation(p, support::PODPROBE).is_some())
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    create_ppm(cp, &game_ppm(true)).await;
+    let pods = create_admitted(cp, &game_pod("game-0", node.name())).await;
 
     // Everything but idle holds; idle fails until the game says so. The readiness gate on
     // `healthy` is the kubelet's to compute.
@@ -255,16 +268,8 @@ async fn file_source_and_pods_exec_through_the_kubelet_and_the_token_confined_to
     let (running, node) = node_and_chart(NodeOptions::default()).await;
     let cp = &running.cp;
     allow_pods_exec(cp).await;
-    let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
-    ppms.create(&PostParams::default(), &game_ppm(false))
-        .await
-        .unwrap();
-    let pod = pod_with_hand_written_sidecar("game-api", node.name());
-    cp.wait_admission(&pod, |p| annotation(p, support::PODPROBE).is_some())
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let ppms = create_ppm(cp, &game_ppm(false)).await;
+    let pods = create_admitted(cp, &pod_with_hand_written_sidecar("game-api", node.name())).await;
     wait_for(&pods, "game-api", "probes written", |p| {
         condition_status(p, HEALTHY).as_deref() == Some("True")
             && condition_status(p, IDLE).as_deref() == Some("False")
@@ -351,17 +356,11 @@ async fn kruise_marks_the_pods_of_a_virtual_kubelet_node_from_the_sidecars_condi
     };
     let (running, node) = node_and_chart_in(options, Mode::Companion).await;
     let cp = &running.cp;
-    let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
     // Kruise's validation knows no grpc handler ("must specify a handler type").
     let mut ppm = game_ppm(true);
     ppm.spec.probes.retain(|p| p.name != "serving");
-    ppms.create(&PostParams::default(), &ppm).await.unwrap();
-    let pod = game_pod("game-vk", node.name());
-    cp.wait_admission(&pod, |p| annotation(p, support::PODPROBE).is_some())
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
+    create_ppm(cp, &ppm).await;
+    let pods = create_admitted(cp, &game_pod("game-vk", node.name())).await;
     let failed = wait_for(&pods, "game-vk", "Kruise's Failed markers", |p| {
         condition_status(p, IDLE).as_deref() == Some("False")
             && label(p, IDLE).as_deref() == Some("false")

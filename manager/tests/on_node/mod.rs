@@ -173,10 +173,8 @@ pub async fn wait_for(
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Pod {
-    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
-        p.is_some_and(&check)
-    });
-    if let Ok(Ok(Some(pod))) = tokio::time::timeout(Duration::from_secs(60), cond).await {
+    if let Some(pod) = super::support::watch_until(pods, name, Duration::from_secs(60), check).await
+    {
         return pod;
     }
     let pod = pods.get(name).await.ok();

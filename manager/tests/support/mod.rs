@@ -373,16 +373,26 @@ pub async fn wait_pod(
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Pod {
-    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
-        p.is_some_and(&check)
-    });
-    match tokio::time::timeout(Duration::from_secs(60), cond).await {
-        Ok(Ok(Some(p))) => p,
-        other => panic!(
-            "{what}: not reached ({other:?}): {:#?}",
+    match watch_until(pods, name, Duration::from_secs(60), check).await {
+        Some(p) => p,
+        None => panic!(
+            "{what}: not reached within a minute: {:#?}",
             pods.get(name).await.ok()
         ),
     }
+}
+
+/// Watches pod `name` until `check` holds (the pod then) or `limit` passes (`None`).
+pub async fn watch_until(
+    pods: &kube::Api<Pod>,
+    name: &str,
+    limit: Duration,
+    check: impl Fn(&Pod) -> bool,
+) -> Option<Pod> {
+    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
+        p.is_some_and(&check)
+    });
+    tokio::time::timeout(limit, cond).await.ok()?.ok()?
 }
 
 /// `target/<profile>/podprobe`, built if needed (`CARGO_BIN_EXE_podprobe` exists only in the
@@ -430,4 +440,12 @@ impl Drop for Sidecar {
             );
         }
     }
+}
+
+/// A benchmark's `i`-th command-line argument as a number, or `default`.
+pub fn bench_arg(i: usize, default: u64) -> u64 {
+    std::env::args()
+        .nth(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
