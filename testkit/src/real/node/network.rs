@@ -84,6 +84,9 @@ impl NodeNetwork {
         let host_cidr = format!("{}/30", self.host_ip());
         let node_cidr = format!("{}/30", self.node_ip());
         let host_ip = self.host_ip().to_string();
+        // Holding the veth pair makes the index ours; a namespace of that name can only be
+        // left over from a test process that was killed before it cleaned up.
+        let _ = Command::new("ip").args(["netns", "del", &netns]).output();
         let steps: Vec<Vec<&str>> = vec![
             vec!["ip", "netns", "add", &netns],
             vec!["ip", "link", "set", &node, "netns", &netns],
