@@ -209,8 +209,9 @@ struct RunArgs {
     metrics_addr: Option<std::net::SocketAddr>,
 
     /// Where exec probes run. `procfs`: chrooted into the target container's main process
-    /// (needs `shareProcessNamespace: true` and CAP_SYS_CHROOT; the target's uid or
-    /// CAP_SYS_PTRACE). `api`: pods/exec through the apiserver (RBAC `create pods/exec`).
+    /// (needs `shareProcessNamespace: true` and CAP_SYS_CHROOT; CAP_SYS_PTRACE, or the
+    /// target's uid and every capability the target holds). `api`: pods/exec through the
+    /// apiserver (RBAC `create pods/exec`).
     /// `local`: in the sidecar's container. `auto`: procfs, else api, else local, per target
     /// container; the choice and the reason are logged.
     #[arg(long, value_enum, default_value_t = Exec::Auto, env = "PODPROBE_EXEC_MODE")]
