@@ -404,6 +404,29 @@ mod tests {
         );
         let err = target.resolve_port(&Port::Name("web".into())).unwrap_err();
         assert!(err.to_string().contains("\"web\""), "{err}");
+        assert!(err.to_string().contains("no port with that name"), "{err}");
         assert!(target.resolve_port(&Port::Name("0".into())).is_err());
+    }
+
+    /// Reading only the downward-API file, the sidecar knows no container ports: the error
+    /// says so and how to fix it, not that the container lacks the port (seen on a real node).
+    #[test]
+    fn a_named_port_without_a_pod_spec_says_how_to_fix_it() {
+        let target = Target::new("10.0.0.7");
+        let err = target.resolve_port(&Port::Name("http".into())).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, AttemptError::UnresolvedPort { .. }),
+            "{err:?}"
+        );
+        assert!(
+            text.contains("--source file") && text.contains("port number"),
+            "{text}"
+        );
+        // Numeric names still parse: they need no spec.
+        assert_eq!(
+            target.resolve_port(&Port::Name("8080".into())).unwrap(),
+            8080
+        );
     }
 }
