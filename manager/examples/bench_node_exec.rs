@@ -39,8 +39,8 @@ use testkit::real::{Node, NodeOptions};
 use installed::NS;
 use on_node::{SIDECAR, container_id, wait_for};
 
-/// Busy and total jiffies of the whole machine (`/proc/stat`, first line).
-fn machine_jiffies() -> (u64, u64) {
+/// Busy jiffies of the whole machine (`/proc/stat`, first line: all but idle and iowait).
+fn machine_busy_jiffies() -> u64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap();
     let fields: Vec<u64> = stat
         .lines()
@@ -50,8 +50,7 @@ fn machine_jiffies() -> (u64, u64) {
         .skip(1)
         .map(|f| f.parse().unwrap())
         .collect();
-    let idle = fields[3] + fields[4]; // idle + iowait
-    (fields.iter().sum::<u64>() - idle, fields.iter().sum())
+    fields.iter().sum::<u64>() - fields[3] - fields[4]
 }
 
 /// CPU seconds (`cpuacct.usage`) of a container of the node, found by its id.
@@ -120,10 +119,10 @@ struct Window {
 }
 
 async fn measure(seconds: u64, markers: &[String], node: &Node, sidecar: &str) -> Window {
-    let (busy0, _) = machine_jiffies();
+    let busy0 = machine_busy_jiffies();
     let (daemons0, side0) = (processes_cpu(markers), container_cpu(node, sidecar));
     tokio::time::sleep(Duration::from_secs(seconds)).await; // the measurement window itself
-    let (busy1, _) = machine_jiffies();
+    let busy1 = machine_busy_jiffies();
     Window {
         busy: (busy1 - busy0) as f64 / HZ,
         daemons: processes_cpu(markers) - daemons0,

@@ -8,15 +8,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{AttachParams, LogParams};
+use kube::api::{AttachParams, LogParams, PostParams};
 use podprobe_manager::webhook::Mode;
+use serde_json::json;
 use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
 use testkit::real::{ControlPlane, Node, NodeNetwork, NodeOptions};
-
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::PostParams;
-use serde_json::json;
 
 use super::installed::{NS, Running, install_and_run_with};
 
@@ -269,7 +267,7 @@ pub fn pod_with_hand_written_sidecar(name: &str, node: &str) -> Pod {
 
 /// `create` and `get` on pods/exec for the sidecar's account (exec over WebSocket is
 /// authorized as `get`, and as `create` too where the apiserver checks both).
-pub async fn allow_pods_exec(cp: &testkit::real::ControlPlane) {
+pub async fn allow_pods_exec(cp: &ControlPlane) {
     let role: Role = serde_json::from_value(json!({
         "metadata": {"name": "podprobe-sidecar-exec", "namespace": NS},
         "rules": [{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]}]
@@ -294,7 +292,7 @@ pub async fn allow_pods_exec(cp: &testkit::real::ControlPlane) {
 
 /// The service-account token the kubelet projected into the pod, read where the kubelet keeps
 /// the volume on the node.
-pub fn projected_token(node: &testkit::real::Node, pod: &Pod) -> String {
+pub fn projected_token(node: &Node, pod: &Pod) -> String {
     let uid = pod.metadata.uid.as_deref().unwrap();
     let volumes = node
         .dir()

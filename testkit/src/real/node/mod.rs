@@ -60,6 +60,8 @@ pub struct Node {
     kube_proxy: Option<Daemon>,
     kubelet: Option<Daemon>,
     containerd: Option<Daemon>,
+    /// Set once [`Node::teardown`] ran (by `stop`), so dropping does not repeat it.
+    torn_down: bool,
     network: NodeNetwork,
     dir: tempfile::TempDir,
 }
@@ -83,6 +85,7 @@ impl Node {
             kube_proxy: None,
             kubelet: None,
             containerd: None,
+            torn_down: false,
             network,
             dir,
         };
@@ -144,14 +147,7 @@ impl Node {
             "--config={}",
             dir.join("containerd.toml").display()
         )];
-        self.containerd = Some(Daemon::spawn_in(
-            "containerd",
-            Some(self.network.netns()),
-            Path::new("containerd"),
-            &args,
-            &[],
-            dir.join("containerd.log"),
-        )?);
+        self.containerd = Some(self.spawn("containerd", Path::new("containerd"), &args)?);
         Ok(())
     }
 
@@ -207,14 +203,7 @@ impl Node {
             "--conntrack-max-per-core=0".to_owned(),
             "--v=1".to_owned(),
         ];
-        self.kube_proxy = Some(Daemon::spawn_in(
-            "kube-proxy",
-            Some(self.network.netns()),
-            &tools::tool("kube-proxy")?,
-            &args,
-            &[],
-            self.dir.path().join("kube-proxy.log"),
-        )?);
+        self.kube_proxy = Some(self.spawn("kube-proxy", &tools::tool("kube-proxy")?, &args)?);
         Ok(())
     }
 
@@ -250,15 +239,14 @@ impl Node {
         if !labels.is_empty() {
             args.push(format!("--node-labels={}", labels.join(",")));
         }
-        self.kubelet = Some(Daemon::spawn_in(
-            "kubelet",
-            Some(self.network.netns()),
-            &tools::tool("kubelet")?,
-            &args,
-            &[],
-            dir.join("kubelet.log"),
-        )?);
+        self.kubelet = Some(self.spawn("kubelet", &tools::tool("kubelet")?, &args)?);
         Ok(())
+    }
+
+    /// One of the node's daemons, in its network namespace, logging to `<dir>/<name>.log`.
+    fn spawn(&self, name: &'static str, program: &Path, args: &[String]) -> Result<Daemon, Error> {
+        let log = self.dir.path().join(format!("{name}.log"));
+        Daemon::spawn_in(name, Some(self.network.netns()), program, args, &[], log)
     }
 
     fn check_alive(&mut self) -> Result<(), Error> {
@@ -356,6 +344,7 @@ impl Node {
 
     /// Stops the daemons and removes tasks, shims, mounts and cgroups left behind.
     fn teardown(&mut self) -> Leftovers {
+        self.torn_down = true;
         self.kube_proxy.take();
         self.kubelet.take();
         let mut leftovers = Leftovers::default();
@@ -373,7 +362,9 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        self.teardown();
+        if !self.torn_down {
+            self.teardown();
+        }
     }
 }
 

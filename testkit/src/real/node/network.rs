@@ -118,10 +118,8 @@ impl NodeNetwork {
 
     /// `command` run in the node's network namespace (e.g. `iptables-save`), its stdout.
     pub fn exec(&self, command: &[&str]) -> Result<String, Error> {
-        let mut full = vec!["nsenter", "--net"];
-        let path = format!("--net=/run/netns/{}", self.netns);
-        full[1] = &path;
-        full.push("--");
+        let net = format!("--net=/run/netns/{}", self.netns);
+        let mut full = vec!["nsenter", net.as_str(), "--"];
         full.extend(command);
         run(&full)
     }
