@@ -11,21 +11,23 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install cargo-nextest --version "$nextest_version" --locked
 fi
 
-echo "== Debian packages: musl-gcc (static sidecar build test), capsh (procfs exec without CAP_SYS_PTRACE),"
-echo "   and the node tests' containerd, runc, CNI plugins, iptables (kube-proxy), busybox-static and umoci (images)"
+echo "== Debian packages: capsh (procfs exec without CAP_SYS_PTRACE), the node tests' containerd, runc,"
+echo "   CNI plugins, iptables (kube-proxy), busybox-static, buildah (images), qemu-user-static (arm64 binaries)"
 missing=()
-for tool in containerd runc iptables umoci; do
+for tool in containerd runc iptables buildah qemu-aarch64-static; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
-command -v musl-gcc >/dev/null || missing+=(musl-tools)
 [ -x /usr/sbin/capsh ] || [ -x /sbin/capsh ] || [ -x /usr/bin/capsh ] || missing+=(libcap2-bin)
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
-  apt-get install -y -qq "${missing[@]}"
+  apt-get install -y -qq "${missing[@]//qemu-aarch64-static/qemu-user-static}"
 fi
-rustup target add x86_64-unknown-linux-musl
+
+echo "== static (musl) builds for both image architectures: Rust targets, musl-gcc, the cross gcc"
+hack/build-static.sh --toolchain amd64
+hack/build-static.sh --toolchain arm64
 
 echo "== fuzzing (hack/fuzz-smoke.sh): the pinned nightly toolchain and cargo-fuzz"
 rustup toolchain install "$(cat hack/fuzz-toolchain)" --profile minimal

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The two shipped binaries, static (musl), for one architecture: what the Dockerfile's
+# `binaries` stage runs, what the tests and hack/release.sh build the images from.
+#
+#   hack/build-static.sh --toolchain ARCH   install what building for ARCH needs (Debian, rustup)
+#   hack/build-static.sh ARCH OUT           build into OUT/podprobe and OUT/podprobe-manager
+#
+# ARCH is Docker's TARGETARCH: amd64 or arm64, from either host (Debian's cross gcc compiles
+# ring's C and assembly and links). CARGO_TARGET_DIR is honoured.
+#   podprobe          --profile sidecar --no-default-features (size first: it runs in every pod)
+#   podprobe-manager  --profile manager (release, stripped)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+usage() { echo "usage: $0 --toolchain ARCH | $0 ARCH OUT   (ARCH: amd64 or arm64)" >&2; exit 2; }
+
+host_arch() {
+  case "$(uname -m)" in
+    x86_64) echo amd64 ;;
+    aarch64) echo arm64 ;;
+    *) echo "build-static: unsupported host $(uname -m)" >&2; exit 1 ;;
+  esac
+}
+
+# The Rust target, and the Debian C compiler for it (musl-gcc on the same architecture,
+# the GNU cross compiler otherwise: ring needs only freestanding headers from it).
+select_arch() {
+  case "$1" in
+    amd64) target=x86_64-unknown-linux-musl; cross_gcc=x86_64-linux-gnu-gcc; cross_pkgs="gcc-x86-64-linux-gnu libc6-dev-amd64-cross" ;;
+    arm64) target=aarch64-unknown-linux-musl; cross_gcc=aarch64-linux-gnu-gcc; cross_pkgs="gcc-aarch64-linux-gnu libc6-dev-arm64-cross" ;;
+    *) echo "build-static: unknown architecture '$1' (amd64 or arm64)" >&2; exit 2 ;;
+  esac
+  if [ "$1" = "$(host_arch)" ]; then cc=musl-gcc; pkgs=musl-tools; else cc=$cross_gcc; pkgs=$cross_pkgs; fi
+}
+
+if [ "${1:-}" = "--toolchain" ]; then
+  [ $# -eq 2 ] || usage
+  select_arch "$2"
+  rustup target add "$target"
+  if ! command -v "$cc" >/dev/null; then
+    apt-get update -qq
+    # shellcheck disable=SC2086 # a list of packages
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs
+  fi
+  exit 0
+fi
+
+[ $# -eq 2 ] || usage
+select_arch "$1"
+out="$2"
+command -v "$cc" >/dev/null || { echo "build-static: $cc not found: run $0 --toolchain $1" >&2; exit 1; }
+if [ "$cc" != musl-gcc ]; then
+  # cc-rs and rustc find musl-gcc by themselves; a cross compiler has to be named.
+  env_target="$(echo "$target" | tr 'a-z-' 'A-Z_')"
+  export "CARGO_TARGET_${env_target}_LINKER=$cc" "CC_${target//-/_}=$cc"
+fi
+
+target_dir="${CARGO_TARGET_DIR:-target}"
+cargo build --locked --target "$target" --profile sidecar --no-default-features -p podprobe --bin podprobe
+cargo build --locked --target "$target" --profile manager -p podprobe-manager --bin podprobe-manager
+mkdir -p "$out"
+cp "$target_dir/$target/sidecar/podprobe" "$target_dir/$target/manager/podprobe-manager" "$out/"
