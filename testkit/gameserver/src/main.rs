@@ -6,6 +6,9 @@
 //! absent = 200 / SERVING, present = 503 / NOT_SERVING, so a test flips it with one `touch`
 //! through `pods/exec` or the procfs view of the container. Exits on SIGTERM like a game server
 //! that has drained.
+//!
+//! `GAMESERVER_PORTS=GAME,HTTP,GRPC` listens elsewhere (`0,0,0`: ports the kernel picks); the
+//! first line on stderr names the ports bound, for a test on a shared network to read.
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
@@ -18,9 +21,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
 
-const GAME_PORT: u16 = 7777;
-const HTTP_PORT: u16 = 8080;
-const GRPC_PORT: u16 = 9090;
+const DEFAULT_PORTS: [u16; 3] = [7777, 8080, 9090];
 /// How often the gRPC health status follows the file (HTTP reads it per request).
 const GRPC_FOLLOW: Duration = Duration::from_millis(100);
 
@@ -72,13 +73,36 @@ async fn follow_grpc_health(reporter: tonic_health::server::HealthReporter, stat
     }
 }
 
+/// `GAMESERVER_PORTS` or the example pod's ports.
+fn ports() -> std::io::Result<[u16; 3]> {
+    let Some(spec) = std::env::var_os("GAMESERVER_PORTS") else {
+        return Ok(DEFAULT_PORTS);
+    };
+    let invalid = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("GAMESERVER_PORTS={spec:?}: want GAME,HTTP,GRPC port numbers"),
+        )
+    };
+    let ports: Vec<u16> = spec
+        .to_str()
+        .ok_or_else(invalid)?
+        .split(',')
+        .map(|p| p.trim().parse().map_err(|_| invalid()))
+        .collect::<Result<_, _>>()?;
+    ports.try_into().map_err(|_| invalid())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::io::Result<()> {
     let state_dir =
         PathBuf::from(std::env::var_os("GAME_STATE_DIR").unwrap_or_else(|| "/var/run/game".into()));
-    let game = TcpListener::bind(("0.0.0.0", GAME_PORT)).await?;
-    let http = TcpListener::bind(("0.0.0.0", HTTP_PORT)).await?;
-    let grpc = TcpListener::bind(("0.0.0.0", GRPC_PORT)).await?;
+    let [game, http, grpc] = ports()?;
+    let game = TcpListener::bind(("0.0.0.0", game)).await?;
+    let http = TcpListener::bind(("0.0.0.0", http)).await?;
+    let grpc = TcpListener::bind(("0.0.0.0", grpc)).await?;
+    let [game_port, http_port, grpc_port] =
+        [&game, &http, &grpc].map(|l| l.local_addr().map_or(0, |a| a.port()));
     let (reporter, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(serve_game(game));
     tokio::spawn(serve_http(http, state_dir.clone()));
@@ -89,7 +113,7 @@ async fn main() -> std::io::Result<()> {
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc)),
     );
     eprintln!(
-        "gameserver: tcp {GAME_PORT}, http {HTTP_PORT}/healthz, grpc {GRPC_PORT} (\"game\"); \
+        "gameserver: tcp {game_port}, http {http_port}/healthz, grpc {grpc_port} (\"game\"); \
          health follows {}",
         state_dir.join("unhealthy").display()
     );

@@ -1,31 +1,34 @@
 //! The node's images, built here and imported into containerd: no registry is reachable.
 //!
+//! - `podprobe.test/podprobe:dev` and `podprobe.test/podprobe-manager:dev`: the `sidecar` and
+//!   `manager` stages of the workspace's `Dockerfile`, built by buildah with the `binaries`
+//!   stage replaced by `hack/build-static.sh`'s output (`--build-context`), exactly as
+//!   `hack/release.sh` builds what users pull: the image the tests run is the image shipped.
 //! - `podprobe.test/pause:3.10`: Kubernetes' own `pause.c` from the pinned module, static.
-//! - `podprobe.test/podprobe:dev`: the sidecar as `sidecar.Dockerfile` ships it (the static
-//!   musl binary of the `sidecar` profile without default features, non-root 65532, entrypoint
-//!   the binary, command `run`, no shell); a test holds the two to agreement.
 //! - `podprobe.test/gameserver:dev`: busybox (for exec probes) and the test game server
 //!   (TCP 7777, HTTP 8080, gRPC 9090), running as root like many game server images.
 //!
-//! Each is a root filesystem turned into an OCI archive by `hack/oci-image.sh` (umoci). The
-//! binaries are built with cargo in a target directory of their own (the outer cargo may hold
-//! the workspace's lock); a file lock serialises test processes building at the same time.
+//! The last two come from `testkit/node-images.Dockerfile`, built the same way. Everything
+//! lives under the workspace's `target/podprobe-node-images` (a cargo target directory of its
+//! own, since the outer cargo may hold the workspace's lock, and buildah's storage); a file
+//! lock serialises test processes building at the same time.
+
+mod buildah;
+mod cargo;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+pub use buildah::{Buildah, Platform};
+pub use cargo::{in_workspace, static_binaries, test_gameserver};
 
 use super::super::Error;
 
 pub const PAUSE_IMAGE: &str = "podprobe.test/pause:3.10";
 pub const SIDECAR_IMAGE: &str = "podprobe.test/podprobe:dev";
+pub const MANAGER_IMAGE: &str = "podprobe.test/podprobe-manager:dev";
 pub const GAMESERVER_IMAGE: &str = "podprobe.test/gameserver:dev";
 
-/// What the sidecar image says about how it runs; `sidecar.Dockerfile` must say the same.
-pub const SIDECAR_USER: &str = "65532:65532";
-pub const SIDECAR_ENTRYPOINT: &str = "/usr/local/bin/podprobe";
-pub const SIDECAR_CMD: &str = "run";
-
-const MUSL: &str = "x86_64-unknown-linux-musl";
 /// busybox applets the game server image links (exec probes and tests use them).
 const APPLETS: [&str; 14] = [
     "sh", "cat", "test", "[", "touch", "rm", "sleep", "kill", "ls", "echo", "ps", "pidof", "id",
@@ -39,78 +42,85 @@ pub struct ImageArchive {
     pub archive: PathBuf,
 }
 
-/// The three images of a node, built (or found up to date) under the workspace's
-/// `target/podprobe-node-images`.
-pub fn build() -> Result<Vec<ImageArchive>, Error> {
+/// Where the images and their inputs are built.
+pub fn build_root() -> Result<PathBuf, Error> {
     let root = workspace().join("target/podprobe-node-images");
     std::fs::create_dir_all(&root)?;
-    let lock = std::fs::File::create(root.join("lock"))?;
-    lock.lock()?;
-    let sidecar = cargo_build(
-        &root,
-        &[
-            "-p",
-            "podprobe",
-            "--bin",
-            "podprobe",
-            "--no-default-features",
-        ],
-        "sidecar",
-        "podprobe",
-    )?;
-    let gameserver = cargo_build(
-        &root,
-        &["-p", "podprobe-test-gameserver"],
-        "sidecar",
-        "podprobe-test-gameserver",
-    )?;
-    let pause = compile_pause(&root)?;
-    let images = vec![
-        image(
-            &root,
-            PAUSE_IMAGE,
-            &[("pause", Entry::Copy(&pause))],
-            &["--config.user=65535:65535", "--config.entrypoint=/pause"],
-        )?,
-        sidecar_image(&root, &sidecar)?,
-        gameserver_image(&root, &gameserver)?,
-    ];
-    Ok(images)
+    Ok(root)
 }
 
-fn workspace() -> PathBuf {
+/// Holds the build root's file lock while alive.
+#[derive(Debug)]
+pub struct BuildLock(#[allow(dead_code)] std::fs::File);
+
+/// Waits for the build root's lock: one process at a time builds there.
+pub fn lock(root: &Path) -> Result<BuildLock, Error> {
+    let file = std::fs::File::create(root.join("lock"))?;
+    file.lock()?;
+    Ok(BuildLock(file))
+}
+
+/// The node's four images for this machine's architecture, built (or found up to date).
+pub fn build() -> Result<Vec<ImageArchive>, Error> {
+    let root = build_root()?;
+    let _lock = lock(&root)?;
+    let platform = Platform::native()?;
+    let binaries = static_binaries(&root, platform)?;
+    let gameserver = cargo::test_gameserver(&root)?;
+    let pause = compile_pause(&root)?;
+    let buildah = Buildah::new(&root.join("buildah"));
+    let dockerfile = workspace().join("Dockerfile");
+    let test_dockerfile = workspace().join("testkit/node-images.Dockerfile");
+    let pause_dir = root.join("pause.context");
+    lay_out(&pause_dir, &[("pause", Entry::Copy(&pause))])?;
+    let gameserver_dir = root.join("gameserver.context");
+    let busybox = which("busybox")?;
+    lay_out(&gameserver_dir, &gameserver_entries(&gameserver, &busybox))?;
+
+    let images = [
+        (
+            SIDECAR_IMAGE,
+            &dockerfile,
+            "sidecar",
+            ("binaries", &binaries),
+        ),
+        (
+            MANAGER_IMAGE,
+            &dockerfile,
+            "manager",
+            ("binaries", &binaries),
+        ),
+        (
+            PAUSE_IMAGE,
+            &test_dockerfile,
+            "pause",
+            ("pause-binary", &pause_dir),
+        ),
+        (
+            GAMESERVER_IMAGE,
+            &test_dockerfile,
+            "gameserver",
+            ("gameserver-rootfs", &gameserver_dir),
+        ),
+    ];
+    images
+        .into_iter()
+        .map(|(reference, dockerfile, target, context)| {
+            buildah.build(dockerfile, target, platform, &[context], reference)?;
+            let archive = root.join(format!("{target}.tar"));
+            buildah.push_archive(reference, &archive)?;
+            Ok(ImageArchive { reference, archive })
+        })
+        .collect()
+}
+
+pub(crate) fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// `cargo build --target musl --profile PROFILE ARGS`, returning the binary `bin`.
-fn cargo_build(root: &Path, args: &[&str], profile: &str, bin: &str) -> Result<PathBuf, Error> {
-    let target_dir = root.join("cargo");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    // The same build whichever test asks: none of the calling test's cargo environment
-    // (package name, manifest dir, and the library path nextest sets per package, which
-    // cargo counts as a change and rebuilds ring for) may reach the build.
-    let inherited = std::env::vars_os().map(|(k, _)| k).filter(|k| {
-        k.to_str().is_some_and(|k| {
-            (k.starts_with("CARGO_") && k != "CARGO_HOME") || k.ends_with("LD_LIBRARY_PATH")
-        })
-    });
-    let mut command = Command::new(cargo);
-    for key in inherited {
-        command.env_remove(key);
-    }
-    let status = command
-        .current_dir(workspace())
-        .args(["build", "--locked", "--target", MUSL, "--profile", profile])
-        .args(args)
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .status()?;
-    if !status.success() {
-        return Err(Error::Other(format!(
-            "cargo build --target {MUSL} {} failed ({status}); hack/setup-tests.sh installs the target and musl-gcc",
-            args.join(" ")
-        )));
-    }
-    Ok(target_dir.join(MUSL).join(profile).join(bin))
+/// A path of the workspace (`hack/release.sh`, `charts/podprobe`, ...).
+pub fn workspace_path(relative: &str) -> PathBuf {
+    workspace().join(relative)
 }
 
 /// Kubernetes' `build/pause/linux/pause.c` of the pinned module, linked statically with musl.
@@ -140,133 +150,53 @@ fn compile_pause(root: &Path) -> Result<PathBuf, Error> {
     Ok(binary)
 }
 
-/// One entry of an image's root filesystem.
+/// One entry of a build context directory.
 #[derive(Clone, Copy)]
 enum Entry<'a> {
     /// A copy of a host file (keeps its mode).
     Copy(&'a Path),
-    Text(&'a str),
     Symlink(&'a str),
-    Dir {
-        mode: u32,
-        owner: u32,
-    },
+    Dir(u32),
 }
 
-fn sidecar_image(root: &Path, binary: &Path) -> Result<ImageArchive, Error> {
-    let user = format!("--config.user={SIDECAR_USER}");
-    let entrypoint = format!("--config.entrypoint={SIDECAR_ENTRYPOINT}");
-    let cmd = format!("--config.cmd={SIDECAR_CMD}");
-    // distroless/static's identity files: the nonroot user, its home and a writable /tmp.
-    let entries = [
-        ("usr/local/bin/podprobe", Entry::Copy(binary)),
-        (
-            "etc/passwd",
-            Entry::Text(
-                "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n",
-            ),
-        ),
-        ("etc/group", Entry::Text("root:x:0:\nnonroot:x:65532:\n")),
-        (
-            "home/nonroot",
-            Entry::Dir {
-                mode: 0o700,
-                owner: 65532,
-            },
-        ),
-        (
-            "tmp",
-            Entry::Dir {
-                mode: 0o1777,
-                owner: 0,
-            },
-        ),
+/// The game server image's root filesystem.
+fn gameserver_entries<'a>(binary: &'a Path, busybox: &'a Path) -> Vec<(String, Entry<'a>)> {
+    let mut entries = vec![
+        ("usr/local/bin/gameserver".to_owned(), Entry::Copy(binary)),
+        ("bin/busybox".to_owned(), Entry::Copy(busybox)),
+        ("var/run/game".to_owned(), Entry::Dir(0o755)),
+        ("tmp".to_owned(), Entry::Dir(0o1777)),
     ];
-    image(root, SIDECAR_IMAGE, &entries, &[&user, &entrypoint, &cmd])
+    entries.extend(
+        APPLETS
+            .iter()
+            .map(|applet| (format!("bin/{applet}"), Entry::Symlink("busybox"))),
+    );
+    entries
 }
 
-fn gameserver_image(root: &Path, binary: &Path) -> Result<ImageArchive, Error> {
-    let busybox = which("busybox")?;
-    let links: Vec<(String, Entry)> = APPLETS
-        .iter()
-        .map(|applet| (format!("bin/{applet}"), Entry::Symlink("busybox")))
-        .collect();
-    let mut entries: Vec<(&str, Entry)> = vec![
-        ("usr/local/bin/gameserver", Entry::Copy(binary)),
-        ("bin/busybox", Entry::Copy(&busybox)),
-        (
-            "var/run/game",
-            Entry::Dir {
-                mode: 0o755,
-                owner: 0,
-            },
-        ),
-        (
-            "tmp",
-            Entry::Dir {
-                mode: 0o1777,
-                owner: 0,
-            },
-        ),
-    ];
-    entries.extend(links.iter().map(|(path, entry)| (path.as_str(), *entry)));
-    image(
-        root,
-        GAMESERVER_IMAGE,
-        &entries,
-        &[
-            "--config.entrypoint=/usr/local/bin/gameserver",
-            "--config.env=PATH=/bin:/usr/local/bin",
-        ],
-    )
-}
-
-/// Lays out `entries` as a root filesystem and packs it with `hack/oci-image.sh`.
-fn image(
-    root: &Path,
-    reference: &'static str,
-    entries: &[(&str, Entry)],
-    config: &[&str],
-) -> Result<ImageArchive, Error> {
-    let (name, tag) = reference.rsplit_once(':').expect("references carry a tag");
-    let short = name.rsplit('/').next().unwrap_or(name);
-    let rootfs = root.join(format!("{short}.rootfs"));
-    let _ = std::fs::remove_dir_all(&rootfs);
+/// Lays out `entries` in a fresh directory `dir` (a build context).
+fn lay_out<P: AsRef<str>>(dir: &Path, entries: &[(P, Entry)]) -> Result<(), Error> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
     for (path, entry) in entries {
-        let dest = rootfs.join(path);
+        let dest = dir.join(path.as_ref());
         std::fs::create_dir_all(dest.parent().expect("paths are relative"))?;
         match entry {
             Entry::Copy(source) => {
                 std::fs::copy(source, &dest)?;
             }
-            Entry::Text(text) => std::fs::write(&dest, text)?,
             Entry::Symlink(target) => std::os::unix::fs::symlink(target, &dest)?,
-            Entry::Dir { mode, owner } => {
+            Entry::Dir(mode) => {
                 std::fs::create_dir_all(&dest)?;
                 std::fs::set_permissions(
                     &dest,
                     std::os::unix::fs::PermissionsExt::from_mode(*mode),
                 )?;
-                std::os::unix::fs::chown(&dest, Some(*owner), Some(*owner))?;
             }
         }
     }
-    let archive = root.join(format!("{short}.tar"));
-    let script = workspace().join("hack/oci-image.sh");
-    let out = Command::new(&script)
-        .arg(&archive)
-        .arg(tag)
-        .arg(&rootfs)
-        .args(config)
-        .output()?;
-    if !out.status.success() {
-        return Err(Error::Other(format!(
-            "{} {reference}: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(ImageArchive { reference, archive })
+    Ok(())
 }
 
 fn which(program: &str) -> Result<PathBuf, Error> {

@@ -1,0 +1,73 @@
+//! The binaries the images hold, built with cargo under the images' build root.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::super::super::Error;
+use super::{Platform, workspace};
+
+/// `hack/build-static.sh ARCH`: the shipped binaries, as the Dockerfile's `binaries` stage
+/// builds them. Returns the directory to pass as that stage (`dist/` inside holds them).
+/// The caller holds the build root's lock.
+pub fn static_binaries(root: &Path, platform: Platform) -> Result<PathBuf, Error> {
+    let context = root.join(format!("binaries-{}", platform.arch()));
+    let mut command = in_workspace(root, workspace().join("hack/build-static.sh"));
+    let status = command
+        .arg(platform.arch())
+        .arg(context.join("dist"))
+        .status()?;
+    if !status.success() {
+        return Err(Error::Other(format!(
+            "hack/build-static.sh {} failed ({status}); `hack/build-static.sh --toolchain {}` installs what it needs",
+            platform.arch(),
+            platform.arch()
+        )));
+    }
+    Ok(context)
+}
+
+/// The test game server, static for this machine (`--profile sidecar`).
+pub fn test_gameserver(root: &Path) -> Result<PathBuf, Error> {
+    let target = Platform::native()?.rust_target();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = in_workspace(root, cargo)
+        .args([
+            "build",
+            "--locked",
+            "--target",
+            target,
+            "--profile",
+            "sidecar",
+        ])
+        .args(["-p", "podprobe-test-gameserver"])
+        .status()?;
+    if !status.success() {
+        return Err(Error::Other(format!(
+            "cargo build --target {target} -p podprobe-test-gameserver failed ({status})"
+        )));
+    }
+    Ok(root
+        .join("cargo")
+        .join(target)
+        .join("sidecar/podprobe-test-gameserver"))
+}
+
+/// `program` in the workspace, with the build root's target directory and none of the calling
+/// test's cargo environment: the same build whichever test asks (package name, manifest dir,
+/// and the library path nextest sets per package, which cargo counts as a change and rebuilds
+/// ring for).
+pub fn in_workspace(root: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut command = Command::new(program);
+    let inherited = std::env::vars_os().map(|(k, _)| k).filter(|k| {
+        k.to_str().is_some_and(|k| {
+            (k.starts_with("CARGO_") && k != "CARGO_HOME") || k.ends_with("LD_LIBRARY_PATH")
+        })
+    });
+    for key in inherited {
+        command.env_remove(key);
+    }
+    command
+        .current_dir(workspace())
+        .env("CARGO_TARGET_DIR", root.join("cargo"));
+    command
+}
