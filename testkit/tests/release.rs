@@ -1,0 +1,167 @@
+//! `hack/release.sh` as a maintainer runs it, but writing OCI layouts instead of pushing (no
+//! registry here): both images as manifest lists of linux/amd64 and linux/arm64, each image's
+//! binary of its machine, and a chart package whose default image references are the ones
+//! released.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+use testkit::real::node::images::{self, Platform};
+use testkit::real::tools;
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_slice(
+        &std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap()
+}
+
+fn blob(layout: &Path, descriptor: &Value) -> PathBuf {
+    let (algorithm, hex) = descriptor["digest"]
+        .as_str()
+        .unwrap()
+        .split_once(':')
+        .unwrap();
+    layout.join("blobs").join(algorithm).join(hex)
+}
+
+/// The chart's `appVersion`, which release.sh tags with by default.
+fn app_version() -> String {
+    let chart =
+        std::fs::read_to_string(images::workspace_path("charts/podprobe/Chart.yaml")).unwrap();
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .expect("appVersion in Chart.yaml")
+        .trim()
+        .trim_matches('"')
+        .to_owned()
+}
+
+/// One file of an image layer (a gzip'd tar), extracted.
+fn layer_file(layer: &Path, path: &str, into: &Path) -> PathBuf {
+    let status = Command::new("tar")
+        .arg("-xf")
+        .arg(layer)
+        .arg("-C")
+        .arg(into)
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{path} in {}", layer.display());
+    into.join(path)
+}
+
+fn elf_machine(path: &Path) -> u16 {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..4], b"\x7fELF", "{}", path.display());
+    u16::from_le_bytes([bytes[0x12], bytes[0x13]])
+}
+
+#[test]
+fn release_builds_both_images_for_both_architectures_and_the_chart() {
+    let root = images::build_root().unwrap();
+    let _lock = images::lock(&root).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let storage_conf = work.path().join("storage.conf");
+    std::fs::write(
+        &storage_conf,
+        format!(
+            "[storage]\ndriver = \"vfs\"\ngraphroot = \"{0}/storage\"\nrunroot = \"{0}/run\"\n",
+            work.path().display()
+        ),
+    )
+    .unwrap();
+    let layouts = work.path().join("layouts");
+    let out = work.path().join("out");
+    let helm = tools::tool("helm").unwrap();
+    let release = images::in_workspace(&root, images::workspace_path("hack/release.sh"))
+        .arg("--dest")
+        .arg(format!("oci:{}", layouts.display()))
+        .env("OUT", &out)
+        .env("HELM", &helm)
+        .env("CONTAINERS_STORAGE_CONF", &storage_conf)
+        .output()
+        .unwrap();
+    assert!(
+        release.status.success(),
+        "hack/release.sh: {}\n{}",
+        String::from_utf8_lossy(&release.stdout),
+        String::from_utf8_lossy(&release.stderr)
+    );
+
+    let version = app_version();
+    let mut released = Vec::new();
+    for (name, binary) in [
+        ("podprobe", "podprobe"),
+        ("podprobe-manager", "podprobe-manager"),
+    ] {
+        let layout = layouts.join(name);
+        let index = read_json(&layout.join("index.json"));
+        let tagged = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == version.as_str())
+            .unwrap_or_else(|| panic!("{name}: no manifest tagged {version} in {index}"));
+        let list = read_json(&blob(&layout, tagged));
+        let mut platforms = Vec::new();
+        for manifest in list["manifests"].as_array().unwrap() {
+            let arch = manifest["platform"]["architecture"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let image = read_json(&blob(&layout, manifest));
+            let config = read_json(&blob(&layout, &image["config"]));
+            assert_eq!(config["architecture"], arch.as_str(), "{name}");
+            assert_eq!(config["config"]["User"], "65532:65532", "{name} {arch}");
+            assert_eq!(
+                config["config"]["Entrypoint"],
+                json!([format!("/usr/local/bin/{binary}")]),
+                "{name} {arch}"
+            );
+            let platform = [Platform::Amd64, Platform::Arm64]
+                .into_iter()
+                .find(|p| p.arch() == arch)
+                .unwrap_or_else(|| panic!("{name}: unexpected architecture {arch}"));
+            let layers = image["layers"].as_array().unwrap();
+            let layer = blob(&layout, layers.last().unwrap());
+            let extracted = tempfile::tempdir().unwrap();
+            let file = layer_file(&layer, &format!("usr/local/bin/{binary}"), extracted.path());
+            assert_eq!(elf_machine(&file), platform.elf_machine(), "{name} {arch}");
+            platforms.push(arch);
+        }
+        platforms.sort();
+        assert_eq!(platforms, ["amd64", "arm64"], "{name}'s manifest list");
+        released.push(format!("ghcr.io/podprobe/{name}:{version}"));
+    }
+
+    // The packaged chart deploys and injects exactly the released references by default.
+    let package = out.join(format!("podprobe-{version}.tgz"));
+    let rendered = Command::new(&helm)
+        .args(["template", "podprobe"])
+        .arg(&package)
+        .args(["--kube-version", "1.37.0"])
+        .args(["--set", "cert.certManager.enabled=true"])
+        .env("HELM_CACHE_HOME", work.path().join("helm"))
+        .env("HELM_CONFIG_HOME", work.path().join("helm"))
+        .output()
+        .unwrap();
+    assert!(
+        rendered.status.success(),
+        "helm template {}: {}",
+        package.display(),
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let rendered = String::from_utf8(rendered.stdout).unwrap();
+    let mut referenced: Vec<String> = rendered
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("image:"))
+        .map(|r| r.trim().trim_matches('"').to_owned())
+        .collect();
+    referenced.sort();
+    referenced.dedup();
+    released.sort();
+    assert_eq!(referenced, released, "the chart's default images");
+}
