@@ -15,17 +15,19 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{
+    DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::NodeOptions;
-use testkit::real::node::images::GAMESERVER_IMAGE;
+use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
 
 use installed::NS;
 use on_node::{
     SIDECAR, allow_pods_exec, container_id, exec, game_pod, logs, memory_cgroup, memory_stat,
-    node_and_chart, node_and_chart_in, pod_with_hand_written_sidecar, projected_token,
-    restart_count, wait_each_seen, wait_for,
+    node_and_chart, node_and_chart_in, node_and_deployed_chart, pod_with_hand_written_sidecar,
+    projected_token, restart_count, wait_each_seen, wait_for,
 };
 use support::{annotation, condition_status, label};
 
@@ -487,5 +489,50 @@ async fn readiness_gate_recipe_takes_a_draining_server_out_of_its_service() {
         .await
         .unwrap();
     let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The install a user does: the chart's Deployment runs podprobe-manager from the image the
+/// Dockerfile builds (non-root, read-only root filesystem, no capabilities), and everything
+/// else goes through it: the pod webhook (via its Service) injects the sidecar image, and the
+/// markers are the deployed manager's.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_runs_the_manager_image_on_the_node() {
+    let (cp, node) = node_and_deployed_chart().await;
+    let managers: Api<Pod> = Api::namespaced(cp.client(), cluster::RELEASE_NS);
+    let replicas = managers
+        .list(&ListParams::default().labels("app.kubernetes.io/name=podprobe-manager"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(replicas.len(), 2, "the chart's two replicas");
+    for pod in &replicas {
+        let name = pod.metadata.name.as_deref().unwrap();
+        let container = &pod.spec.as_ref().unwrap().containers[0];
+        assert_eq!(container.image.as_deref(), Some(MANAGER_IMAGE), "{name}");
+        let security = container.security_context.as_ref().unwrap();
+        assert_eq!(security.read_only_root_filesystem, Some(true), "{name}");
+        assert!(is_ready(pod), "{name} is Ready: {:?}", pod.status);
+        assert_eq!(restart_count(pod, "manager"), 0, "{name}");
+    }
+
+    create_ppm(&cp, &game_ppm(true)).await;
+    let pods = create_admitted(&cp, &game_pod("game-0", node.name())).await;
+    let pod = wait_for(&pods, "game-0", "probes, markers and readiness", |p| {
+        [HEALTHY, ACCEPTING, SERVING]
+            .iter()
+            .all(|c| condition_status(p, c).as_deref() == Some("True"))
+            && label(p, IDLE).as_deref() == Some("false")
+            && is_ready(p)
+    })
+    .await;
+    assert_eq!(annotation(&pod, DELETION_COST).as_deref(), Some("100"));
+    let injected = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+    assert_eq!(injected.image.as_deref(), Some(SIDECAR_IMAGE));
+
+    pods.delete("game-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let leftovers = node.stop(&cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -26,6 +26,8 @@ use super::{cluster, support};
 /// The namespace of the tests' pods and PodProbeMarkers.
 pub const NS: &str = "test";
 const LIMIT: Duration = Duration::from_secs(30);
+/// The tests' injection adds a readiness gate on the game server's health.
+pub const READINESS_GATE: &str = "injection.config.readinessGates={game.kruise.io/healthy}";
 
 /// A fresh control plane (panics with the reason when it cannot start).
 pub async fn start_control_plane() -> ControlPlane {
@@ -66,8 +68,9 @@ pub async fn install_and_run(cp: ControlPlane, mode: Mode) -> Running {
     install_and_run_with(cp, mode, &[]).await
 }
 
-/// [`install_and_run`] with more helm arguments after the defaults (a later `--set` wins).
-pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&str]) -> Running {
+/// Namespace [`NS`] opted in to injection, with its default ServiceAccount, and the
+/// virtual-kubelet node `vk-1`.
+pub async fn prepare_test_namespace(cp: &ControlPlane) {
     let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS,
         "labels": {"podprobe.io/inject": "enabled"}}}))
     .unwrap();
@@ -85,6 +88,11 @@ pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&st
         .create(&PostParams::default(), &vk_node("vk-1"))
         .await
         .unwrap();
+}
+
+/// [`install_and_run`] with more helm arguments after the defaults (a later `--set` wins).
+pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&str]) -> Running {
+    prepare_test_namespace(&cp).await;
 
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -97,7 +105,7 @@ pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&st
         format!("webhook.url=https://127.0.0.1:{port}"),
         format!("sidecar.namespaces={{{NS}}}"),
         "injection.config.image=podprobe:dev".to_owned(),
-        "injection.config.readinessGates={game.kruise.io/healthy}".to_owned(),
+        READINESS_GATE.to_owned(),
     ]);
     let mut extra = vec!["--create-namespace"];
     if mode == Mode::Companion {

@@ -13,10 +13,11 @@ use kube::Api;
 use kube::api::{AttachParams, LogParams, PostParams};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
-use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
+use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
 use testkit::real::{ControlPlane, Node, NodeNetwork, NodeOptions};
 
-use super::installed::{NS, Running, install_and_run_with};
+use super::cluster;
+use super::installed::{NS, READINESS_GATE, Running, install_and_run_with, prepare_test_namespace};
 
 /// The injected sidecar's container name.
 pub const SIDECAR: &str = "podprobe";
@@ -59,6 +60,72 @@ pub async fn node_and_chart_in(options: NodeOptions, mode: Mode) -> (Running, No
     ];
     let running = install_and_run_with(cp, mode, &args).await;
     (running, node)
+}
+
+/// A node with a scheduler and the workload controllers, and the chart installed there as a
+/// user installs it: podprobe-manager runs from the image the workspace's Dockerfile builds,
+/// with the chart's replicas, affinity and security context, its webhooks reached through their Service (the apiserver's host routes Service
+/// addresses to the node, where kube-proxy forwards them). `helm install --wait` returns once
+/// the Deployment is available.
+pub async fn node_and_deployed_chart() -> (ControlPlane, Node) {
+    let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
+    let mut cp = ControlPlane::start_on(network.host_ip())
+        .await
+        .unwrap_or_else(|e| panic!("control plane: {e}"));
+    let options = NodeOptions {
+        // node-lifecycle: lifts the not-ready taint the kubelet registers with, which the
+        // scheduler respects.
+        controllers: vec![
+            "deployment",
+            "replicaset",
+            "endpointslice",
+            "node-lifecycle-controller",
+        ],
+        ..NodeOptions::default()
+    };
+    let node = Node::start(&mut cp, network, options)
+        .await
+        .unwrap_or_else(|e| panic!("node: {e}"));
+    cp.start_scheduler()
+        .unwrap_or_else(|e| panic!("kube-scheduler: {e}"));
+    prepare_test_namespace(&cp).await;
+    let (repository, tag) = MANAGER_IMAGE.rsplit_once(':').expect("a tag");
+    let service = format!("podprobe-manager.{}.svc", cluster::RELEASE_NS);
+    let mut sets = cluster::cert_values(&cp, &[&service]);
+    sets.extend([
+        "mode=standalone".to_owned(),
+        format!("image.repository={repository}"),
+        format!("image.tag={tag}"),
+        // Imported, not pulled: there is no registry.
+        "image.pullPolicy=Never".to_owned(),
+        format!("sidecar.namespaces={{{NS}}}"),
+        format!("injection.config.image={SIDECAR_IMAGE}"),
+        "injection.config.shareProcessNamespace=true".to_owned(),
+        READINESS_GATE.to_owned(),
+    ]);
+    let extra = [
+        "--create-namespace",
+        "--wait",
+        "--timeout=2m",
+        "--set-json",
+        PROCFS_SECURITY_CONTEXT,
+    ];
+    let install = cluster::helm(&cp, "install", &sets, &extra)
+        .output()
+        .expect("run helm");
+    if !install.status.success() {
+        let mut describe = cp.kubectl().unwrap();
+        describe.args(["describe", "pods", "-n", cluster::RELEASE_NS]);
+        let described = describe.output().expect("run kubectl");
+        panic!(
+            "helm install --wait: {}\n{}\nkube-scheduler: {}\nkubelet: {}",
+            String::from_utf8_lossy(&install.stderr),
+            String::from_utf8_lossy(&described.stdout),
+            cp.scheduler_log_tail(30),
+            node.kubelet_log_tail(30)
+        );
+    }
+    (cp, node)
 }
 
 /// The `containerd://` id of container `name` (init or regular) as the pod's status says.

@@ -5,8 +5,8 @@
 //! ValidatingAdmissionPolicy, ServiceAccount) and an audit log that serves as the journal of
 //! what clients sent.
 //!
-//! There is no scheduler, and no kubelet, controller-manager or kruise-manager unless a test
-//! starts one ([`Node`], [`ControlPlane::start_controller_manager`],
+//! There is no kubelet, controller-manager, scheduler or kruise-manager unless a test starts
+//! one ([`Node`], [`ControlPlane::start_controller_manager`], [`ControlPlane::start_scheduler`],
 //! [`ControlPlane::start_kruise_manager`]): without a node the test plays the kubelet (it
 //! writes pod status as admin), creates the ServiceAccounts a namespace needs, and finishes
 //! graceful deletions itself. Each [`ControlPlane`] is private to its test; dropping it (also
@@ -58,6 +58,8 @@ pub const NODE_TOKEN: &str = "podprobe-test-node";
 /// The static token of kube-proxy (`system:kube-proxy`, bound to `system:node-proxier` by
 /// the apiserver's bootstrap policy).
 pub const KUBE_PROXY_TOKEN: &str = "podprobe-test-kube-proxy";
+/// `--service-cluster-ip-range`: the Services' virtual addresses.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The `kubernetes` Service's ClusterIP (first of `--service-cluster-ip-range`) and DNS
 /// names: what in-cluster clients dial and check the certificate against.
 const KUBERNETES_SERVICE_NAMES: [&str; 5] = [
@@ -100,6 +102,7 @@ pub struct ControlPlane {
     // and the directory last.
     kruise_manager: Option<Daemon>,
     controller_manager: Option<Daemon>,
+    scheduler: Option<Daemon>,
     apiserver: Daemon,
     etcd: Daemon,
     url: String,
@@ -200,7 +203,7 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
-            "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             // Added to the default set, which already holds them today; named so a change of
             // defaults cannot silently drop what the tests are about.
             "--enable-admission-plugins=ServiceAccount,NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy".to_owned(),
@@ -224,6 +227,7 @@ impl ControlPlane {
         let mut cp = ControlPlane {
             kruise_manager: None,
             controller_manager: None,
+            scheduler: None,
             apiserver,
             etcd,
             url: format!("https://{address}:{secure_port}"),
@@ -294,6 +298,22 @@ impl ControlPlane {
             &args,
             log,
         )?);
+        Ok(())
+    }
+
+    /// Starts kube-scheduler (as the admin, until the control plane is dropped), for tests of
+    /// workloads whose pods a controller creates without a node: a Deployment as users install it.
+    pub fn start_scheduler(&mut self) -> Result<(), Error> {
+        let binary = tools::tool("kube-scheduler")?;
+        let args = vec![
+            format!("--kubeconfig={}", self.admin_kubeconfig().display()),
+            "--leader-elect=false".to_owned(),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={}", free_port()?),
+            "--v=1".to_owned(),
+        ];
+        let log = self.dir.path().join("scheduler.log");
+        self.scheduler = Some(Daemon::spawn("kube-scheduler", &binary, &args, log)?);
         Ok(())
     }
 
@@ -511,6 +531,14 @@ impl ControlPlane {
     /// The last lines of the apiserver's log.
     pub fn apiserver_log_tail(&self, lines: usize) -> String {
         self.apiserver.log_tail(lines)
+    }
+
+    /// The last lines of kube-scheduler's log, if it was started.
+    pub fn scheduler_log_tail(&self, lines: usize) -> String {
+        self.scheduler
+            .as_ref()
+            .map(|s| s.log_tail(lines))
+            .unwrap_or_default()
     }
 }
 

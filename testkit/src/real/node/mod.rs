@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node as NodeObject, Pod};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 pub use cleanup::Leftovers;
@@ -310,10 +310,15 @@ impl Node {
             .unwrap_or_default()
     }
 
-    /// Deletes the node's pods through the apiserver and waits until the kubelet has stopped
-    /// them, then stops the daemons and removes what they left. Returns what had to be
-    /// removed by force after the daemons stopped (all empty on a clean stop).
+    /// Drains the node: cordons it (a scheduler places no replacement there), deletes its pods
+    /// through the apiserver and waits until the kubelet has stopped them; then stops the
+    /// daemons and removes what they left. Returns what had to be removed by force after the
+    /// daemons stopped (all empty on a clean stop).
     pub async fn stop(mut self, cp: &ControlPlane) -> Result<Leftovers, Error> {
+        let cordon = serde_json::json!({"spec": {"unschedulable": true}});
+        Api::<NodeObject>::all(cp.client())
+            .patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&cordon))
+            .await?;
         let pods: Api<Pod> = Api::all(cp.client());
         let on_node = ListParams::default().fields(&format!("spec.nodeName={NODE_NAME}"));
         for pod in pods.list(&on_node).await? {

@@ -1,6 +1,8 @@
 //! A node's own network namespace, joined to the host by a veth pair: the kubelet, containerd,
 //! kube-proxy and the pods' bridge live in it, so each test's node has its own iptables, ports
-//! (10250, 10256, ...) and pod subnet, and nothing of it touches the host's network set-up.
+//! (10250, 10256, ...) and pod subnet. The host gets one route, through the veth pair (gone
+//! with it): the Services' addresses lead to the node, where kube-proxy forwards them, so the
+//! apiserver reaches a webhook Service backed by pods as in a cluster.
 //!
 //! Host side `10.213.<n>.1/30`, node side `10.213.<n>.2/30` (the node's InternalIP); the first
 //! free `<n>` is taken by creating its veth pair, which fails when another test holds it.
@@ -8,7 +10,7 @@
 use std::net::Ipv4Addr;
 use std::process::Command;
 
-use super::super::Error;
+use super::super::{Error, SERVICE_CIDR};
 
 #[derive(Debug)]
 pub struct NodeNetwork {
@@ -84,6 +86,7 @@ impl NodeNetwork {
         let host_cidr = format!("{}/30", self.host_ip());
         let node_cidr = format!("{}/30", self.node_ip());
         let host_ip = self.host_ip().to_string();
+        let node_ip = self.node_ip().to_string();
         // Holding the veth pair makes the index ours; a namespace of that name can only be
         // left over from a test process that was killed before it cleaned up.
         let _ = Command::new("ip").args(["netns", "del", &netns]).output();
@@ -98,6 +101,17 @@ impl NodeNetwork {
             vec!["ip", "-n", &netns, "link", "set", "eth0", "up"],
             vec![
                 "ip", "-n", &netns, "route", "add", "default", "via", &host_ip,
+            ],
+            // `replace`: a route left by a killed test's node would block `add`.
+            vec![
+                "ip",
+                "route",
+                "replace",
+                SERVICE_CIDR,
+                "via",
+                &node_ip,
+                "dev",
+                &host,
             ],
             // Pods reach the apiserver through the node: it routes their packets.
             vec![
