@@ -104,25 +104,22 @@ fn run_on(platform: Platform, binary: &Path) -> Command {
 #[test]
 fn the_shipped_binaries_run_and_the_sidecar_has_no_demo() {
     for (platform, dist) in binaries() {
-        let version = run_on(platform, &dist.join("podprobe"))
-            .arg("version")
-            .output()
-            .unwrap();
+        let run = |binary: &str, arg: &str| {
+            run_on(platform, &dist.join(binary))
+                .arg(arg)
+                .output()
+                .unwrap()
+        };
+        let version = run("podprobe", "version");
         assert!(version.status.success(), "{version:?}");
         assert!(String::from_utf8_lossy(&version.stdout).starts_with("podprobe "));
-        let demo = run_on(platform, &dist.join("podprobe"))
-            .arg("demo")
-            .output()
-            .unwrap();
+        let demo = run("podprobe", "demo");
         assert_eq!(
             demo.status.code(),
             Some(2),
             "`podprobe demo` must be unknown"
         );
-        let help = run_on(platform, &dist.join("podprobe-manager"))
-            .arg("--help")
-            .output()
-            .unwrap();
+        let help = run("podprobe-manager", "--help");
         assert!(help.status.success(), "{help:?}");
         assert!(String::from_utf8_lossy(&help.stdout).contains("run"));
     }

@@ -108,7 +108,7 @@ pub fn build() -> Result<Vec<ImageArchive>, Error> {
         .map(|(reference, dockerfile, target, context)| {
             buildah.build(dockerfile, target, platform, &[context], reference)?;
             let archive = root.join(format!("{target}.tar"));
-            buildah.push_archive(reference, &archive)?;
+            buildah.move_to_archive(reference, &archive)?;
             Ok(ImageArchive { reference, archive })
         })
         .collect()

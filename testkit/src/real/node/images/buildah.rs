@@ -104,9 +104,9 @@ impl Buildah {
         )
     }
 
-    /// Writes `reference` as an OCI archive whose image is named by its tag alone, for
-    /// `ctr images import --base-name REPOSITORY`.
-    pub fn push_archive(&self, reference: &str, archive: &Path) -> Result<(), Error> {
+    /// Moves `reference` out of the storage into an OCI archive whose image is named by its
+    /// tag alone, for `ctr images import --base-name REPOSITORY`.
+    pub fn move_to_archive(&self, reference: &str, archive: &Path) -> Result<(), Error> {
         let (_, tag) = reference.rsplit_once(':').expect("references carry a tag");
         let partial = archive.with_extension("partial");
         let _ = std::fs::remove_file(&partial);
@@ -116,7 +116,11 @@ impl Buildah {
             .arg(format!("oci-archive:{}:{tag}", partial.display()));
         run(command, &format!("buildah push {reference}"))?;
         std::fs::rename(&partial, archive)?;
-        Ok(())
+        // The archive is what the node imports: without this every build (a new image, new
+        // timestamps) would stay in the vfs storage for good.
+        let mut rmi = self.command();
+        rmi.args(["rmi", reference]);
+        run(rmi, &format!("buildah rmi {reference}"))
     }
 }
 
