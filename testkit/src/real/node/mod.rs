@@ -315,7 +315,7 @@ impl Node {
     /// daemons and removes what they left. Returns what had to be removed by force after the
     /// daemons stopped (all empty on a clean stop).
     pub async fn stop(mut self, cp: &ControlPlane) -> Result<Leftovers, Error> {
-        let cordon = serde_json::json!({"spec": {"unschedulable": true}});
+        let cordon = json!({"spec": {"unschedulable": true}});
         Api::<NodeObject>::all(cp.client())
             .patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&cordon))
             .await?;
