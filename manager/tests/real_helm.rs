@@ -87,6 +87,45 @@ async fn lint_and_template_in_both_modes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("kubeVersion"));
 }
 
+/// A user's own registry (README "Install"): the manager's image and pull secrets reach the
+/// Deployment, the sidecar's image the injection config; by default no pull secrets at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_registry_values_reach_the_deployment_and_the_injection() {
+    let cp = control_plane().await;
+    let deployment = |extra: &[&str]| {
+        let mut sets = sets(&cp, "standalone");
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        let rendered = render(&cp, &sets, &["templates/deployment.yaml"]);
+        documents(&rendered)
+            .into_iter()
+            .find(|d| d["kind"] == "Deployment")
+            .expect("the Deployment")
+    };
+    let pod = &deployment(&[])["spec"]["template"]["spec"];
+    assert!(pod.get("imagePullSecrets").is_none(), "{pod}");
+    let own = deployment(&[
+        "image.repository=registry.example.com/podprobe/podprobe-manager",
+        "imagePullSecrets[0].name=regcred",
+    ]);
+    let pod = &own["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["image"],
+        "registry.example.com/podprobe/podprobe-manager:0.1.0"
+    );
+    assert_eq!(
+        pod["imagePullSecrets"],
+        serde_json::json!([{"name": "regcred"}])
+    );
+
+    let mut sets = sets(&cp, "standalone");
+    sets.push("injection.config.image=registry.example.com/podprobe/podprobe:0.1.0".into());
+    let config = render(&cp, &sets, &["templates/configmap.yaml"]);
+    assert!(
+        config.contains("image: registry.example.com/podprobe/podprobe:0.1.0"),
+        "{config}"
+    );
+}
+
 /// `helm install` and what the apiserver then holds.
 fn install(cp: &ControlPlane, mode: &str, extra: &[&str]) -> String {
     let mut args = vec!["--create-namespace", "--wait=false"];
