@@ -87,42 +87,59 @@ async fn lint_and_template_in_both_modes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("kubeVersion"));
 }
 
-/// A user's own registry (README "Install"): the manager's image and pull secrets reach the
-/// Deployment, the sidecar's image the injection config; by default no pull secrets at all.
+/// A user's own registry (README "Install"): installed with the manager's image, a pull
+/// secret and the sidecar's image from there, the apiserver holds them in the Deployment and
+/// the injection config; by default the Deployment names no pull secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_registry_values_reach_the_deployment_and_the_injection() {
-    let cp = control_plane().await;
-    let deployment = |extra: &[&str]| {
-        let mut sets = sets(&cp, "standalone");
-        sets.extend(extra.iter().map(|s| s.to_string()));
-        let rendered = render(&cp, &sets, &["templates/deployment.yaml"]);
-        documents(&rendered)
-            .into_iter()
-            .find(|d| d["kind"] == "Deployment")
-            .expect("the Deployment")
-    };
-    let pod = &deployment(&[])["spec"]["template"]["spec"];
-    assert!(pod.get("imagePullSecrets").is_none(), "{pod}");
-    let own = deployment(&[
-        "image.repository=registry.example.com/podprobe/podprobe-manager",
-        "imagePullSecrets[0].name=regcred",
-    ]);
-    let pod = &own["spec"]["template"]["spec"];
-    assert_eq!(
-        pod["containers"][0]["image"],
-        "registry.example.com/podprobe/podprobe-manager:0.1.0"
-    );
-    assert_eq!(
-        pod["imagePullSecrets"],
-        serde_json::json!([{"name": "regcred"}])
-    );
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
 
-    let mut sets = sets(&cp, "standalone");
-    sets.push("injection.config.image=registry.example.com/podprobe/podprobe:0.1.0".into());
-    let config = render(&cp, &sets, &["templates/configmap.yaml"]);
+    let cp = control_plane().await;
+    let default = render(
+        &cp,
+        &sets(&cp, "standalone"),
+        &["templates/deployment.yaml"],
+    );
+    assert!(!default.contains("imagePullSecrets"), "{default}");
+
+    install(
+        &cp,
+        "standalone",
+        &[
+            "--set",
+            "image.repository=registry.example.com/podprobe/podprobe-manager",
+            "--set",
+            "imagePullSecrets[0].name=regcred",
+            "--set",
+            "injection.config.image=registry.example.com/podprobe/podprobe:0.1.0",
+        ],
+    );
+    let deployment = Api::<Deployment>::namespaced(cp.client(), RELEASE_NS)
+        .get("podprobe-manager")
+        .await
+        .unwrap();
+    let pod = deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("registry.example.com/podprobe/podprobe-manager:0.1.0")
+    );
+    let secrets: Vec<String> = pod
+        .image_pull_secrets
+        .into_iter()
+        .flatten()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(secrets, ["regcred"]);
+    let config = Api::<ConfigMap>::namespaced(cp.client(), RELEASE_NS)
+        .get("podprobe-manager")
+        .await
+        .unwrap();
+    let injection = &config.data.unwrap()["injection.yaml"];
     assert!(
-        config.contains("image: registry.example.com/podprobe/podprobe:0.1.0"),
-        "{config}"
+        injection.contains("image: registry.example.com/podprobe/podprobe:0.1.0"),
+        "{injection}"
     );
 }
 
