@@ -97,6 +97,14 @@ async fn create_admitted(cp: &testkit::real::ControlPlane, pod: &Pod) -> Api<Pod
     pods
 }
 
+/// The game server's state with no player action: healthy, accepting, serving, not idle.
+fn game_up(pod: &Pod) -> bool {
+    [HEALTHY, ACCEPTING, SERVING]
+        .iter()
+        .all(|c| condition_status(pod, c).as_deref() == Some("True"))
+        && condition_status(pod, IDLE).as_deref() == Some("False")
+}
+
 fn is_ready(pod: &Pod) -> bool {
     condition_status(pod, "Ready").as_deref() == Some("True")
 }
@@ -111,11 +119,7 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     // Everything but idle holds; idle fails until the game says so. The readiness gate on
     // `healthy` is the kubelet's to compute.
     let up = wait_for(&pods, "game-0", "probes written, pod Ready", |p| {
-        [HEALTHY, ACCEPTING, SERVING]
-            .iter()
-            .all(|c| condition_status(p, c).as_deref() == Some("True"))
-            && condition_status(p, IDLE).as_deref() == Some("False")
-            && is_ready(p)
+        game_up(p) && is_ready(p)
     })
     .await;
     let sidecar_log = logs(&pods, "game-0", SIDECAR).await;
@@ -174,12 +178,7 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     .await;
     // The new container has no idle file: the real state is "not idle" again.
     let healthy = wait_for(&pods, "game-0", "the new container's results", |p| {
-        [HEALTHY, ACCEPTING, SERVING]
-            .iter()
-            .all(|c| condition_status(p, c).as_deref() == Some("True"))
-            && condition_status(p, IDLE).as_deref() == Some("False")
-            && label(p, IDLE).as_deref() == Some("false")
-            && restart_count(p, "game") == 1
+        game_up(p) && label(p, IDLE).as_deref() == Some("false") && restart_count(p, "game") == 1
     })
     .await;
     let new_game = container_id(&healthy, "game").unwrap();
@@ -519,11 +518,7 @@ async fn the_chart_runs_the_manager_image_on_the_node() {
     create_ppm(&cp, &game_ppm(true)).await;
     let pods = create_admitted(&cp, &game_pod("game-0", node.name())).await;
     let pod = wait_for(&pods, "game-0", "probes, markers and readiness", |p| {
-        [HEALTHY, ACCEPTING, SERVING]
-            .iter()
-            .all(|c| condition_status(p, c).as_deref() == Some("True"))
-            && label(p, IDLE).as_deref() == Some("false")
-            && is_ready(p)
+        game_up(p) && label(p, IDLE).as_deref() == Some("false") && is_ready(p)
     })
     .await;
     assert_eq!(annotation(&pod, DELETION_COST).as_deref(), Some("100"));

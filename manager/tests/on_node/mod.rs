@@ -287,6 +287,7 @@ pub async fn wait_each_seen(pods: &Api<Pod>, name: &str, types: &[&str], status:
                 return;
             }
         }
+        panic!("the watch of pod {name} ended before {types:?} were each {status}");
     };
     if tokio::time::timeout(Duration::from_secs(60), watch)
         .await
