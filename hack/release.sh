@@ -9,7 +9,7 @@
 #   REGISTRY  where the images go (default ghcr.io/podprobe, the chart's default); log in first
 #             with `buildah login REGISTRY`
 #   VERSION   the tag (default: the chart's appVersion, which the chart's image tags follow)
-#   OUT       the chart package and the binaries (default target/release)
+#   OUT       the chart package and the binaries (default target/dist: not cargo's target/release)
 #
 # Needs buildah, helm, and what `hack/build-static.sh --toolchain amd64|arm64` installs. The
 # binaries are cross-compiled on this machine with hack/build-static.sh, and the images built
@@ -32,7 +32,7 @@ case "$dest" in
 esac
 registry="${REGISTRY:-ghcr.io/podprobe}"
 version="${VERSION:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/podprobe/Chart.yaml)}"
-out="${OUT:-target/release}"
+out="${OUT:-target/dist}"
 helm="${HELM:-helm}"
 for tool in buildah "$helm"; do
   command -v "$tool" >/dev/null || { echo "release: $tool is not installed" >&2; exit 1; }
