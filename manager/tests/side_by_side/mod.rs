@@ -121,9 +121,16 @@ impl SideBySide {
             Api::<Pod>::namespaced(client, ns)
                 .create(&PostParams::default(), pod)
                 .await
-                .unwrap_or_else(|e| panic!("create pod: {e}"))
         };
         let (kruise, podprobe) = tokio::join!(create(clients.kruise), create(clients.podprobe));
+        // kruise-manager serves its webhooks from the process: when they fail, its log says why.
+        let kruise = kruise.unwrap_or_else(|e| {
+            panic!(
+                "create pod (Kruise side): {e}\nkruise-manager's log ends:\n{}",
+                self.kruise.kruise_log_tail(40)
+            )
+        });
+        let podprobe = podprobe.unwrap_or_else(|e| panic!("create pod (podprobe side): {e}"));
         Both { kruise, podprobe }
     }
 
