@@ -2,7 +2,9 @@
 # A bounded run of every fuzz target (fuzz/fuzz_targets, libFuzzer through cargo fuzz) from its
 # committed seeds: FUZZ_SECONDS each (default 60). Prints executions and coverage per target;
 # fails on the first crash, leaving the input in fuzz/artifacts/<target>/ (turn it into a
-# regression test). Needs hack/setup-tests.sh (nightly toolchain, cargo-fuzz).
+# regression test). Installs what it needs first: the pinned nightly (hack/fuzz-toolchain) and
+# cargo-fuzz (hack/cargo-tool.sh). CI does not run it: the test suite replays every committed
+# input (fuzz/tests/replay.rs); this explores new ones.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -12,8 +14,12 @@ toolchain="$(cat hack/fuzz-toolchain)"
 target_dir="${PODPROBE_FUZZ_TARGET_DIR:-$HOME/.cache/podprobe-fuzz/target}"
 # Coverage instrumentation only: the targets are safe Rust, so panics and assertion failures
 # are what they can find; no sanitizer runtime needed.
+rustup toolchain install "$toolchain" --profile minimal
+hack/cargo-tool.sh fuzz
 fuzz=(cargo "+$toolchain" fuzz)
-flags=(--sanitizer none --release --debug-assertions --target-dir "$target_dir")
+# The libFuzzer binaries are behind the fuzz crate's `libfuzzer` feature (the workspace builds
+# only its properties).
+flags=(--sanitizer none --release --debug-assertions --features libfuzzer --target-dir "$target_dir")
 
 "${fuzz[@]}" build "${flags[@]}"
 summary=()
