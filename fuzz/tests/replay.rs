@@ -33,7 +33,10 @@ fn every_fuzz_target_has_a_property_here() {
         .map(|path| path.file_stem().unwrap().to_string_lossy().into_owned())
         .collect();
     let replayed: BTreeSet<String> = TARGETS.iter().map(|(name, _)| name.to_string()).collect();
-    assert_eq!(binaries, replayed, "fuzz_targets/ and TARGETS must name the same targets");
+    assert_eq!(
+        binaries, replayed,
+        "fuzz_targets/ and TARGETS must name the same targets"
+    );
 }
 
 #[test]
@@ -41,7 +44,10 @@ fn every_committed_input_holds_its_property() {
     let mut failures = Vec::new();
     for (name, property) in TARGETS {
         let seeds = inputs(&fuzz_dir().join("corpus").join(name));
-        assert!(!seeds.is_empty(), "corpus/{name} holds no seed: run fuzz/seed.py");
+        assert!(
+            !seeds.is_empty(),
+            "corpus/{name} holds no seed: run fuzz/seed.py"
+        );
         let artifacts = inputs(&fuzz_dir().join("artifacts").join(name));
         for path in seeds.iter().chain(&artifacts) {
             let bytes = std::fs::read(path).expect("a readable input");
@@ -60,5 +66,9 @@ fn every_committed_input_holds_its_property() {
             artifacts.len()
         );
     }
-    assert!(failures.is_empty(), "properties failed:\n{}", failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "properties failed:\n{}",
+        failures.join("\n")
+    );
 }
