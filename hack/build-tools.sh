@@ -8,8 +8,9 @@
 #
 # The binaries go to a cache outside the clone, keyed by a hash of the pinned modules and this
 # script, so a fresh clone of the same commit reuses them and a version bump rebuilds. A second
-# run returns at once. A lock serialises parallel callers (several test processes starting
-# together build once; the others wait and reuse). Progress goes to stderr.
+# run returns at once (`--check` only tells whether it would). A lock serialises parallel
+# callers (several test processes starting together build once; the others wait and reuse).
+# Progress goes to stderr.
 set -euo pipefail
 
 hack="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,10 +23,12 @@ dest="$cache_root/$key"
 bin="$dest/bin"
 
 # Fast path: a finished build (the stamp is written last, after every binary is in place).
+# `--check` only answers whether there is one (exit 1 when a build would be needed).
 if [ -f "$dest/complete" ]; then
   echo "$bin"
   exit 0
 fi
+[ "${1:-}" != "--check" ] || exit 1
 
 mkdir -p "$cache_root"
 exec 9>"$cache_root/build.lock"

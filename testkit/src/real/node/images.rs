@@ -9,7 +9,7 @@
 //!   (TCP 7777, HTTP 8080, gRPC 9090), running as root like many game server images.
 //!
 //! The last two come from `testkit/node-images.Dockerfile`, built the same way. Everything
-//! lives under the workspace's `target/podprobe-node-images` (a cargo target directory of its
+//! lives under `podprobe-node-images` in the target directory (a cargo target directory of its
 //! own, since the outer cargo may hold the workspace's lock, and buildah's storage); a file
 //! lock serialises test processes building at the same time.
 
@@ -42,9 +42,15 @@ pub struct ImageArchive {
     pub archive: PathBuf,
 }
 
-/// Where the images and their inputs are built.
+/// Where the images and their inputs are built: `podprobe-node-images` in the target directory
+/// (`CARGO_TARGET_DIR` when set, as CI sets it to keep builds across clones; else the
+/// workspace's `target/`).
 pub fn build_root() -> Result<PathBuf, Error> {
-    let root = workspace().join("target/podprobe-node-images");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .filter(|dir| dir.is_absolute())
+        .unwrap_or_else(|| workspace().join("target"));
+    let root = target.join("podprobe-node-images");
     std::fs::create_dir_all(&root)?;
     Ok(root)
 }
