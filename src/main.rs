@@ -173,7 +173,10 @@ struct RunArgs {
     )]
     annotations_file: PathBuf,
 
-    /// How often the annotations file is re-read in addition to inotify events.
+    /// How often the annotations file is checked for changes inotify does not report (a file
+    /// behind a symlink to another directory, a filesystem without events, a directory that
+    /// appears late): its inode, size and times are compared, and it is read only when they
+    /// changed. Changes inotify reports are read at once.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     file_poll_interval: Duration,
 

@@ -54,6 +54,7 @@ struct Inner {
     writes: Counter,
     write_errors: Family<WriteErrorLabels, Counter>,
     overwrites: Family<ConditionLabels, Counter>,
+    annotation_file_reads: Counter,
     ready: AtomicBool,
 }
 
@@ -104,6 +105,12 @@ impl Metrics {
             "Times another writer removed or changed a condition podprobe published",
             overwrites.clone(),
         );
+        let annotation_file_reads = Counter::default();
+        registry.register(
+            "annotation_file_reads",
+            "Reads of the downward-API annotations file (--source file): one at start, then one per change",
+            annotation_file_reads.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -113,6 +120,7 @@ impl Metrics {
                 writes,
                 write_errors,
                 overwrites,
+                annotation_file_reads,
                 ready: AtomicBool::new(false),
             }),
         }
@@ -183,6 +191,11 @@ impl Metrics {
                 condition: condition_type.to_owned(),
             })
             .inc();
+    }
+
+    /// The counter the file source increments on each read of the annotations file.
+    pub fn annotation_file_reads(&self) -> Counter {
+        self.inner.annotation_file_reads.clone()
     }
 
     pub fn writes(&self) -> u64 {

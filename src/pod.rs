@@ -1,9 +1,12 @@
 //! The sidecar's view of its own pod: a watch on the apiserver (annotation, container statuses,
-//! uid, deletion) or the downward-API annotations file, published as [`PodView`]s.
+//! uid, deletion) or the downward-API annotations file ([`file`]), published as [`PodView`]s.
+
+mod file;
+
+pub use file::{read_annotations_file, watch_file};
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
@@ -263,77 +266,5 @@ pub async fn watch_api(client: Client, identity: PodIdentity, tx: watch::Sender<
             *current = view;
             changed
         });
-    }
-}
-
-/// Reads the downward-API annotations file.
-pub fn read_annotations_file(path: &Path) -> Result<BTreeMap<String, String>, PodError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PodError::ReadFile {
-        path: path.to_owned(),
-        source,
-    })?;
-    annotation::parse_downward_api(&text).map_err(|source| PodError::ParseFile {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-/// Follows the downward-API annotations file: re-read on inotify events in its directory (the
-/// kubelet swaps the `..data` symlink atomically) and, as a fallback for filesystems without
-/// inotify and for missed events, every `poll` interval. Publishes only changed views; a file
-/// that cannot be read or parsed keeps the last good view.
-pub async fn watch_file(path: PathBuf, poll: Duration, tx: watch::Sender<PodView>) {
-    let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let dir = path
-        .parent()
-        .map(Path::to_owned)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let _watcher = {
-        use notify::Watcher;
-        let wake = wake_tx.clone();
-        let handler = move |_event: notify::Result<notify::Event>| {
-            let _ = wake.try_send(());
-        };
-        match notify::recommended_watcher(handler) {
-            Ok(mut w) => match w.watch(&dir, notify::RecursiveMode::NonRecursive) {
-                Ok(()) => Some(w),
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), "cannot watch the directory, polling every {poll:?}: {e}");
-                    None
-                }
-            },
-            Err(e) => {
-                tracing::warn!("inotify unavailable, polling every {poll:?}: {e}");
-                None
-            }
-        }
-    };
-    let mut last_error: Option<String> = None;
-    let mut ticker = tokio::time::interval(poll);
-    loop {
-        match read_annotations_file(&path) {
-            Ok(annotations) => {
-                last_error = None;
-                let view = PodView::from_annotations(&annotations);
-                tx.send_if_modified(|current| {
-                    let changed = current.annotation != view.annotation;
-                    if changed {
-                        current.annotation = view.annotation;
-                    }
-                    changed
-                });
-            }
-            Err(e) => {
-                let text = e.to_string();
-                if last_error.as_deref() != Some(text.as_str()) {
-                    tracing::warn!("{text}; keeping the last good probe set");
-                    last_error = Some(text);
-                }
-            }
-        }
-        tokio::select! {
-            _ = ticker.tick() => {}
-            Some(()) = wake_rx.recv() => {}
-        }
     }
 }

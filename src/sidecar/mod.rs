@@ -95,7 +95,7 @@ pub async fn run(
              will be written; set POD_UID from the downward API (fieldPath: metadata.uid)"
         );
     }
-    let (source_task, views) = start_source(source, &client, &options);
+    let (source_task, views) = start_source(source, &client, &options, &metrics);
     let (mut sidecar, reports) = Sidecar::new(&client, options, metrics);
     sidecar.run_until(views, reports, shutdown).await;
 
@@ -110,6 +110,7 @@ fn start_source(
     source: SourceKind,
     client: &Client,
     options: &SidecarOptions,
+    metrics: &Metrics,
 ) -> (tokio::task::JoinHandle<()>, watch::Receiver<PodView>) {
     let (view_tx, view_rx) = watch::channel(PodView::default());
     let task = match source {
@@ -122,6 +123,7 @@ fn start_source(
             options.annotations_file.clone(),
             options.file_poll,
             view_tx,
+            metrics.annotation_file_reads(),
         )),
     };
     (task, view_rx)
