@@ -6,9 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -252,40 +251,9 @@ fn unique(dir: &Path, stem: &str, ext: &str) -> PathBuf {
 /// The ServiceAccount, Role and RoleBinding of `examples/sidecar-by-hand.yaml`, created as
 /// committed (its pod is left out: the tests make their own).
 pub async fn apply_sidecar_rbac(cp: &ControlPlane) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/sidecar-by-hand.yaml");
-    let text = std::fs::read_to_string(&path).expect("examples/sidecar-by-hand.yaml");
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("the example is YAML");
-    let client = cp.client();
-    let pp = PostParams::default();
-    let mut kinds = Vec::new();
-    for doc in docs {
-        let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
-        assert_eq!(doc["metadata"]["namespace"], NS, "{kind} of the example");
-        match kind.as_str() {
-            "ServiceAccount" => {
-                let sa: ServiceAccount = serde_json::from_value(doc).unwrap();
-                Api::<ServiceAccount>::namespaced(client.clone(), NS)
-                    .create(&pp, &sa)
-                    .await
-                    .expect("ServiceAccount");
-            }
-            "Role" => {
-                let role: Role = serde_json::from_value(doc).unwrap();
-                Api::<Role>::namespaced(client.clone(), NS)
-                    .create(&pp, &role)
-                    .await
-                    .expect("Role");
-            }
-            "RoleBinding" => {
-                let binding: RoleBinding = serde_json::from_value(doc).unwrap();
-                Api::<RoleBinding>::namespaced(client.clone(), NS)
-                    .create(&pp, &binding)
-                    .await
-                    .expect("RoleBinding");
-            }
-            _ => continue,
-        }
-        kinds.push(kind);
-    }
+    let (namespace, kinds) = testkit::real::sidecar_rbac::apply(cp)
+        .await
+        .expect("the by-hand example's RBAC");
+    assert_eq!(namespace, NS, "the example's namespace");
     assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding"]);
 }

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod node;
 mod pki;
 mod process;
+pub mod sidecar_rbac;
 pub mod tools;
 
 use std::net::Ipv4Addr;
