@@ -29,7 +29,7 @@ steps_report() {
   local i
   echo "== time per step ($1)"
   for i in "${!steps_names[@]}"; do
-    printf '   %-28s %6d s\n' "${steps_names[$i]}" "${steps_seconds[$i]}"
+    printf '   %-40s %6d s\n' "${steps_names[$i]}" "${steps_seconds[$i]}"
   done
-  printf '   %-28s %6d s\n' "total" $((SECONDS - steps_start))
+  printf '   %-40s %6d s\n' "total" $((SECONDS - steps_start))
 }
