@@ -55,19 +55,25 @@ image_binaries() {
 # (hack/README.md), side by side with the static Rust builds: both are minutes when cold, and
 # each has long single-threaded stretches (Go's links, fat LTO) the other fills.
 go_tools_and_image_binaries() {
-  local go_log go_status=0 start=$SECONDS
+  local go_log go_time go_status=0 start=$SECONDS
   go_log="$(mktemp)"
-  hack/build-tools.sh >"$go_log" 2>&1 &
+  go_time="$(mktemp)"
+  (
+    hack/build-tools.sh >"$go_log" 2>&1
+    status=$?
+    echo "$((SECONDS - start))" >"$go_time"
+    exit "$status"
+  ) &
   local go_pid=$!
-  image_binaries || { kill "$go_pid" 2>/dev/null; wait "$go_pid" || true; rm -f "$go_log"; return 1; }
+  image_binaries || { kill "$go_pid" 2>/dev/null; wait "$go_pid" || true; rm -f "$go_log" "$go_time"; return 1; }
   echo "   the images' static binaries: $((SECONDS - start)) s"
   wait "$go_pid" || go_status=$?
-  echo "   Go tools: done $((SECONDS - start)) s after the start"
+  echo "   Go tools (hack/build-tools.sh): $(cat "$go_time") s"
   if [ "$go_status" -ne 0 ]; then
     tail -n 40 "$go_log" >&2
     echo "hack/build-tools.sh failed (exit $go_status)" >&2
   fi
-  rm -f "$go_log"
+  rm -f "$go_log" "$go_time"
   return "$go_status"
 }
 

@@ -297,6 +297,8 @@ async fn file_source_follows_atomic_data_swaps() {
     write_version(1, &first);
     std::os::unix::fs::symlink("..data/annotations", dir.join("annotations")).unwrap();
     let file = dir.join("annotations");
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
     let _sidecar = cluster.sidecar(
         "gs-file",
         &[
@@ -308,6 +310,8 @@ async fn file_source_follows_atomic_data_swaps() {
             &uid,
             "--file-poll-interval",
             "1h",
+            "--metrics-addr",
+            &metrics_addr,
         ],
     );
     cluster
@@ -325,6 +329,13 @@ async fn file_source_follows_atomic_data_swaps() {
     assert_eq!(
         condition(&pod, "c/two").unwrap().message.as_deref(),
         Some("two\n")
+    );
+    // Read once at start and once for the swap; none for its own reads or the old directory's
+    // removal.
+    let text = metrics(port).await.expect("/metrics");
+    assert!(
+        text.contains("podprobe_annotation_file_reads_total 2\n"),
+        "{text}"
     );
 }
 
