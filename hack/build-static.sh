@@ -56,8 +56,9 @@ if [ "$cc" != musl-gcc ]; then
 fi
 
 # Everything the two binaries are built from: the toolchain, compiler and flags, this script,
-# the lock file, every manifest, and the sources of the crates they hold. OUT keeps the key of
-# what it holds, and the same key skips cargo: in a fresh clone (new file times) cargo would
+# the lock file, every manifest, and the sources of the crates they hold. The target directory
+# keeps that key beside the binaries it was built into (with their hashes, so a build by other
+# means is noticed); the same key skips cargo, which in a fresh clone (new file times) would
 # rebuild both crates and redo their fat LTO, minutes, although nothing changed.
 inputs_key() {
   {
@@ -69,16 +70,20 @@ inputs_key() {
     } | LC_ALL=C sort | xargs -r sha256sum
   } | sha256sum | cut -c1-32
 }
-key="$(inputs_key)"
-if [ "$(cat "$out/.inputs" 2>/dev/null)" = "$key" ] && [ -x "$out/podprobe" ] && [ -x "$out/podprobe-manager" ]; then
-  echo "build-static: the $1 binaries in $out are current (their inputs are unchanged)"
-  exit 0
-fi
 
 target_dir="${CARGO_TARGET_DIR:-target}"
-cargo build --locked --target "$target" --profile sidecar --no-default-features -p podprobe --bin podprobe
-cargo build --locked --target "$target" --profile manager -p podprobe-manager --bin podprobe-manager
+built=("$target_dir/$target/sidecar/podprobe" "$target_dir/$target/manager/podprobe-manager")
+stamp="$target_dir/$target/podprobe-static.inputs"
+# The key, then the binaries' hashes.
+stamp_of() { echo "$1"; sha256sum "${built[@]}" 2>/dev/null | cut -d' ' -f1; }
+key="$(inputs_key)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_of "$key")" ]; then
+  echo "build-static: the $1 binaries are current (their inputs are unchanged): not running cargo"
+else
+  rm -f "$stamp"
+  cargo build --locked --target "$target" --profile sidecar --no-default-features -p podprobe --bin podprobe
+  cargo build --locked --target "$target" --profile manager -p podprobe-manager --bin podprobe-manager
+  stamp_of "$key" >"$stamp"
+fi
 mkdir -p "$out"
-rm -f "$out/.inputs"
-cp "$target_dir/$target/sidecar/podprobe" "$target_dir/$target/manager/podprobe-manager" "$out/"
-echo "$key" >"$out/.inputs"
+cp "${built[@]}" "$out/"
