@@ -108,7 +108,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodContext>) -> Result<Action, Reconc
     let desired = desired_patch(&pod, &ppms, node.as_deref(), &ctx.scope);
     if ctx.written.is_stale(&oref, &pod, desired.as_ref()) {
         tracing::debug!(pod = %format!("{ns}/{name}"), "cache older than our last patch; waiting for it");
-        return Ok(Action::await_change());
+        // The watch's delivery of our write normally triggers the next reconcile; this one
+        // comes if it never does.
+        return Ok(Action::requeue(written::PENDING_MAX));
     }
     let Some(patch) = desired else {
         return Ok(Action::await_change());

@@ -1,4 +1,5 @@
 use super::by_node::ServerlessNodes;
+use super::written::PENDING_MAX;
 use super::*;
 use crate::annotate;
 use crate::markers::MarkerPatch;
@@ -282,6 +283,45 @@ fn written_patches_end_with_the_pod_a_relist_or_a_cache_already_current() {
     // A patch that changed nothing keeps the version and has no event.
     written.record(r.clone(), label_patch("false"), Some("5".into()));
     assert!(!written.is_stale(&r, &p, Some(&label_patch("false"))));
+    assert!(written.is_empty());
+}
+
+/// The race a real node showed once: the watch delivered our own write (6) before its answer
+/// was recorded, the pod moved on (7) before any reconcile read it, and version 6 was never seen
+/// again; every later reconcile waited for it, and a marker stayed wrong for minutes.
+#[test]
+fn a_write_seen_before_its_answer_holds_no_later_change_back() {
+    let written = WrittenPatches::default();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let patched = with_rv(
+        pod("test", Some("False"), &[("server-healthy", "false")], &[]),
+        "6",
+    );
+    let r = ObjectRef::from_obj(&patched);
+    written.observe(&Event::Apply(patched.clone()), &tx);
+    written.record(r.clone(), label_patch("false"), Some("6".into()));
+    let moved_on = with_rv(
+        pod("test", Some("True"), &[("server-healthy", "false")], &[]),
+        "8",
+    );
+    assert!(!written.is_stale(&r, &moved_on, Some(&label_patch("true"))));
+    assert!(written.is_empty());
+    assert!(rx.try_recv().is_err());
+}
+
+/// Versions that are not numbers only count when equal; an entry holds its pod back for
+/// PENDING_MAX at most.
+#[tokio::test(start_paused = true)]
+async fn an_unseen_write_holds_its_pod_back_for_a_bounded_time() {
+    let written = WrittenPatches::default();
+    let p = with_rv(pod("test", None, &[], &[]), "b");
+    let r = ObjectRef::from_obj(&p);
+    written.record(r.clone(), label_patch("false"), Some("a".into()));
+    assert!(written.is_stale(&r, &p, Some(&label_patch("true"))));
+    tokio::time::advance(PENDING_MAX - std::time::Duration::from_millis(1)).await;
+    assert!(written.is_stale(&r, &p, Some(&label_patch("true"))));
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    assert!(!written.is_stale(&r, &p, Some(&label_patch("true"))));
     assert!(written.is_empty());
 }
 

@@ -2,11 +2,13 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::markers::MarkerPatch;
 
@@ -21,9 +23,30 @@ use crate::markers::MarkerPatch;
 /// older than the server's and nothing is sent: when the stale view wanted the same patch
 /// nothing is lost (the server has it already); when it wanted something else, the pod is
 /// reconciled again once the cache has caught up.
+///
+/// The cache has caught up when its version is the written one or a later one: the watch can
+/// deliver the written version before the patch's answer is recorded, and the pod can move on
+/// before any reconcile reads it, so that version may never be seen here. Later is told by
+/// number (the apiserver's versions are etcd revisions); a version that is not a number only
+/// counts when equal, and no entry holds a pod back longer than [`PENDING_MAX`]: at worst one
+/// patch is sent twice, never one lost.
 #[derive(Debug, Default)]
 pub struct WrittenPatches {
     pending: Mutex<HashMap<ObjectRef<Pod>, Written>>,
+}
+
+/// How long a write not yet seen in the cache holds reconciles of its pod back.
+pub const PENDING_MAX: Duration = Duration::from_secs(5);
+
+/// Whether a cached pod at version `cached` includes the write answered with `written`.
+fn caught_up(cached: Option<&String>, written: &str) -> bool {
+    let Some(cached) = cached else {
+        return false;
+    };
+    match (cached.parse::<u64>(), written.parse::<u64>()) {
+        (Ok(cached), Ok(written)) => cached >= written,
+        _ => cached == written,
+    }
 }
 
 #[derive(Debug)]
@@ -33,6 +56,7 @@ struct Written {
     resource_version: String,
     /// A reconcile wanted something else meanwhile: run again once the cache has the write.
     recheck: bool,
+    recorded: Instant,
 }
 
 impl WrittenPatches {
@@ -55,6 +79,7 @@ impl WrittenPatches {
                     patch,
                     resource_version,
                     recheck: false,
+                    recorded: Instant::now(),
                 },
             );
         }
@@ -73,8 +98,11 @@ impl WrittenPatches {
         let Some(w) = pending.get_mut(pod_ref) else {
             return false;
         };
-        if pod.metadata.resource_version.as_ref() == Some(&w.resource_version) {
-            // The cache has the write (a patch that changed nothing has no watch event).
+        if caught_up(pod.metadata.resource_version.as_ref(), &w.resource_version)
+            || w.recorded.elapsed() >= PENDING_MAX
+        {
+            // The cache has the write (a patch that changed nothing has no watch event), or
+            // has had time enough to show it.
             pending.remove(pod_ref);
             return false;
         }
@@ -94,10 +122,10 @@ impl WrittenPatches {
         match event {
             Event::Apply(pod) => {
                 let pod_ref = ObjectRef::from_obj(pod);
-                let caught_up = pending.get(&pod_ref).is_some_and(|w| {
-                    pod.metadata.resource_version.as_ref() == Some(&w.resource_version)
+                let has_write = pending.get(&pod_ref).is_some_and(|w| {
+                    caught_up(pod.metadata.resource_version.as_ref(), &w.resource_version)
                 });
-                if caught_up && pending.remove(&pod_ref).is_some_and(|w| w.recheck) {
+                if has_write && pending.remove(&pod_ref).is_some_and(|w| w.recheck) {
                     let _ = recheck.send(pod_ref);
                 }
             }
