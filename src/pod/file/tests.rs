@@ -41,6 +41,15 @@ impl Source {
         Source { views, reads, task }
     }
 
+    /// A plain annotations file in `dir` holding `v1`, and a source that has read it.
+    async fn on_plain_file(dir: &Path) -> (PathBuf, Source) {
+        let path = dir.join("annotations");
+        fs::write(&path, file_text("v1")).unwrap();
+        let mut source = Source::start(&path);
+        source.sees("v1").await;
+        (path, source)
+    }
+
     fn reads(&self) -> u64 {
         self.reads.get()
     }
@@ -145,10 +154,7 @@ async fn kubelet_atomic_writer_one_read_per_update() {
 #[tokio::test]
 async fn plain_file_replaced_by_rename() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("annotations");
-    fs::write(&path, file_text("v1")).unwrap();
-    let mut source = Source::start(&path);
-    source.sees("v1").await;
+    let (path, mut source) = Source::on_plain_file(dir.path()).await;
     source.stays_idle("v1").await;
     fs::write(dir.path().join(".annotations.tmp"), file_text("v2")).unwrap();
     fs::rename(dir.path().join(".annotations.tmp"), &path).unwrap();
@@ -160,10 +166,7 @@ async fn plain_file_replaced_by_rename() {
 #[tokio::test]
 async fn plain_file_rewritten_in_place_is_read_once_per_write() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("annotations");
-    fs::write(&path, file_text("v1")).unwrap();
-    let mut source = Source::start(&path);
-    source.sees("v1").await;
+    let (path, mut source) = Source::on_plain_file(dir.path()).await;
     source.stays_idle("v1").await;
     // Truncate, write, close: a burst of modify events and a close, one read.
     fs::write(&path, file_text("v2")).unwrap();
@@ -175,10 +178,7 @@ async fn plain_file_rewritten_in_place_is_read_once_per_write() {
 #[tokio::test]
 async fn a_write_seen_half_done_keeps_the_last_good_probes() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("annotations");
-    fs::write(&path, file_text("v1")).unwrap();
-    let mut source = Source::start(&path);
-    source.sees("v1").await;
+    let (path, mut source) = Source::on_plain_file(dir.path()).await;
     let text = file_text("v2-longer-than-half");
     let (first, rest) = text.split_at(text.len() - 8);
     let mut writer = OpenOptions::new()
@@ -205,10 +205,7 @@ async fn a_write_seen_half_done_keeps_the_last_good_probes() {
 #[tokio::test]
 async fn plain_file_in_a_busy_directory_is_not_read_for_its_neighbours() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("annotations");
-    fs::write(&path, file_text("v1")).unwrap();
-    let mut source = Source::start(&path);
-    source.sees("v1").await;
+    let (_, source) = Source::on_plain_file(dir.path()).await;
     let neighbour = dir.path().join("labels");
     let busy = tokio::task::spawn_blocking(move || {
         for i in 0..250 {
@@ -225,10 +222,7 @@ async fn plain_file_in_a_busy_directory_is_not_read_for_its_neighbours() {
 #[tokio::test]
 async fn deleted_then_recreated() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("annotations");
-    fs::write(&path, file_text("v1")).unwrap();
-    let mut source = Source::start(&path);
-    source.sees("v1").await;
+    let (path, mut source) = Source::on_plain_file(dir.path()).await;
     fs::remove_file(&path).unwrap();
     source.until_reads(2).await;
     assert_eq!(source.views.borrow().annotation.as_deref(), Some("v1"));
