@@ -16,6 +16,9 @@ target_dir="${PODPROBE_FUZZ_TARGET_DIR:-$HOME/.cache/podprobe-fuzz/target}"
 # are what they can find; no sanitizer runtime needed.
 rustup toolchain install "$toolchain" --profile minimal
 hack/cargo-tool.sh fuzz
+# The workspace's release profile has thin LTO for the shipped binaries; an instrumented fuzz
+# binary needs none, and six of them would each spend minutes in it.
+export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16
 fuzz=(cargo "+$toolchain" fuzz)
 # The libFuzzer binaries are behind the fuzz crate's `libfuzzer` feature (the workspace builds
 # only its properties).
