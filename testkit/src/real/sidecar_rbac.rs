@@ -13,7 +13,8 @@ use super::{ControlPlane, Error};
 /// Creates the example's ServiceAccount, Role and RoleBinding (its Pod is left out) and returns
 /// the namespace and the kinds created, in the file's order.
 pub async fn apply(cp: &ControlPlane) -> Result<(String, Vec<String>), Error> {
-    let path = super::node::images::workspace_path("examples/sidecar-by-hand.yaml");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/sidecar-by-hand.yaml");
     let text = std::fs::read_to_string(&path)?;
     let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
         .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;

@@ -1,4 +1,8 @@
 //! The binaries the images hold, built with cargo under the images' build root.
+//!
+//! `hack/setup-tests.sh` (`image_binaries`) runs the same builds beforehand, with the same
+//! commands, target directory and outputs, so that no test waits for them: change both
+//! together, or the tests build everything again (correct, but minutes slower).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
