@@ -28,11 +28,10 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use testkit::real::ControlPlane;
+use testkit::real::usage::{cores, cpu_ticks, rss_kib};
 
 const CONDITION: &str = "game.io/accepting";
 const SETTLE: Duration = Duration::from_secs(5);
-/// Clock ticks per second of /proc's utime and stime (USER_HZ, 100 on Linux).
-const TICKS: f64 = 100.0;
 
 fn binary() -> PathBuf {
     if let Some(bin) = std::env::var_os("PODPROBE_BIN") {
@@ -50,35 +49,6 @@ fn binary() -> PathBuf {
         bin.display()
     );
     bin
-}
-
-/// utime + stime of a process, in ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at ") ".
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .map(|(_, rest)| rest)
-        .unwrap_or("")
-        .split(' ')
-        .collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -245,7 +215,7 @@ async fn run_layout(
     let seconds = started.elapsed().as_secs_f64();
     let rss: u64 = pids.iter().map(|&p| rss_kib(p)).sum();
     Figures {
-        cores: (after - before) as f64 / TICKS / seconds,
+        cores: cores(before, after, seconds),
         rss_mib: rss as f64 / 1024.0 / pods as f64,
     }
 }

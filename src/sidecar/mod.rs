@@ -59,6 +59,25 @@ pub async fn run(
     options: SidecarOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), SidecarError> {
+    run_with(options, connect(), shutdown).await
+}
+
+/// [`run`] with a client made by the caller instead of the in-cluster service account or
+/// KUBECONFIG: for hosting several sidecars in one process (the fleet benchmark), each with
+/// its own client, connections and token, as separate pods would have.
+pub async fn run_with_client(
+    options: SidecarOptions,
+    client: Client,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), SidecarError> {
+    run_with(options, std::future::ready(client), shutdown).await
+}
+
+async fn run_with(
+    options: SidecarOptions,
+    client: impl std::future::Future<Output = Client>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), SidecarError> {
     let metrics = Metrics::new();
     // The endpoints stop when `run` returns, however it returns.
     let endpoints_stop = CancellationToken::new();
@@ -73,7 +92,7 @@ pub async fn run(
     }
     let mut shutdown = std::pin::pin!(shutdown);
     let client = tokio::select! {
-        client = connect() => client,
+        client = client => client,
         () = &mut shutdown => return Ok(()),
     };
 

@@ -43,6 +43,9 @@ pub struct AuditEvent {
     pub request_object: Option<Value>,
     #[serde(default, rename = "requestURI")]
     pub request_uri: String,
+    /// When the apiserver finished answering (RFC 3339, microseconds).
+    #[serde(default)]
+    pub stage_timestamp: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

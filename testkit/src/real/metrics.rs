@@ -55,6 +55,26 @@ pub fn request_delta(before: &RequestCounts, after: &RequestCounts) -> RequestCo
         .collect()
 }
 
+/// The sum of the samples of gauge or counter `name` whose labels include `labels` (a label
+/// absent from a sample counts as `""`): e.g. `apiserver_registered_watchers` of kind Pod.
+pub fn sum(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            if let Some(rest) = line.strip_prefix(name)
+                && let Some(value) = rest.strip_prefix(' ')
+            {
+                return labels.is_empty().then(|| value.trim().parse().ok())?;
+            }
+            let (found, value) = sample(line, name)?;
+            labels
+                .iter()
+                .all(|(k, v)| found.get(k).copied().unwrap_or_default() == *v)
+                .then_some(value)
+        })
+        .sum()
+}
+
 /// The cumulative buckets (`le`, count) of `apiserver_request_duration_seconds` for one
 /// verb/resource/subresource.
 pub fn duration_buckets(
@@ -159,6 +179,15 @@ apiserver_request_duration_seconds_bucket{component="apiserver",dry_run="",group
         assert_eq!(counts.get(&key), Some(&4));
         assert_eq!(counts.len(), 1);
         assert!(request_delta(&counts, &counts).is_empty());
+    }
+
+    #[test]
+    fn sums_select_by_label_and_read_unlabelled_samples() {
+        let text = "w{kind=\"Pod\",group=\"\"} 3\nw{kind=\"Pod\",group=\"x\"} 4\nw{kind=\"Node\"} 5\nsize 7\n";
+        assert_eq!(sum(text, "w", &[("kind", "Pod")]), 7.0);
+        assert_eq!(sum(text, "w", &[("kind", "Pod"), ("group", "")]), 3.0);
+        assert_eq!(sum(text, "size", &[]), 7.0);
+        assert_eq!(sum(text, "missing", &[]), 0.0);
     }
 
     #[test]

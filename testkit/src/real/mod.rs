@@ -26,9 +26,10 @@ mod kruise;
 pub mod metrics;
 pub mod node;
 mod pki;
-mod process;
+pub mod process;
 pub mod sidecar_rbac;
 pub mod tools;
+pub mod usage;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -107,8 +108,17 @@ pub struct ControlPlane {
     apiserver: Daemon,
     etcd: Daemon,
     url: String,
+    etcd_url: String,
     pki: Pki,
     dir: tempfile::TempDir,
+}
+
+/// See [`ControlPlane::pids`].
+#[derive(Debug, Clone, Copy)]
+pub struct ControlPlanePids {
+    pub apiserver: u32,
+    pub etcd: u32,
+    pub kruise_manager: Option<u32>,
 }
 
 impl ControlPlane {
@@ -232,6 +242,7 @@ impl ControlPlane {
             apiserver,
             etcd,
             url: format!("https://{address}:{secure_port}"),
+            etcd_url: etcd_client,
             pki,
             dir,
         };
@@ -503,10 +514,30 @@ impl ControlPlane {
         Ok(counts.get(&key).copied().unwrap_or(0))
     }
 
+    /// The process ids of kube-apiserver, etcd and (when started) kruise-manager, for
+    /// benchmarks that read their CPU and memory from /proc.
+    pub fn pids(&self) -> ControlPlanePids {
+        ControlPlanePids {
+            apiserver: self.apiserver.pid(),
+            etcd: self.etcd.pid(),
+            kruise_manager: self.kruise_manager.as_ref().map(Daemon::pid),
+        }
+    }
+
+    /// etcd's client URL (plain HTTP on loopback): its `/metrics` has the database's size.
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// The audit log's path, for readers that stream it instead of loading it whole.
+    pub fn audit_path(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
+    }
+
     /// Every audit event written so far (stage `ResponseComplete`; request bodies of writes
     /// to pods and their status, events and leases are included).
     pub fn audit(&self) -> Result<Vec<AuditEvent>, Error> {
-        audit::read(&self.dir.path().join("audit.log"))
+        audit::read(&self.audit_path())
     }
 
     /// `kubectl` built from the pinned module, as the admin.

@@ -86,6 +86,12 @@ impl Daemon {
     pub fn name(&self) -> &'static str {
         self.name
     }
+
+    /// The daemon's process id (`setpriv` and `nsenter` exec it in place), for reading its
+    /// CPU and memory from /proc.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Daemon {

@@ -1,0 +1,148 @@
+//! What the apiserver's audit log says about each flip: which status patch carried the new
+//! state and when it was answered (`stageTimestamp` of ResponseComplete), how many status
+//! patches and marker writes the pod got before its next flip. Read as a stream: at 10 000
+//! pods the log is hundreds of megabytes.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::Path;
+
+use jiff::Timestamp;
+use testkit::real::AuditEvent;
+
+use crate::cluster::{CONDITION, NS, SIDECAR_SA};
+use crate::flips::Flip;
+
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    /// A sidecar's status patch, and the flipped condition's status if it carried it.
+    Status(Option<bool>),
+    /// A write of the pod's metadata by anyone but the admin: the manager's markers.
+    Marker,
+}
+
+/// Per pod index, its successful writes in the order answered.
+#[derive(Debug, Default)]
+pub struct Writes(HashMap<usize, Vec<(Timestamp, Write)>>);
+
+/// What one flip cost and how long its marker took.
+#[derive(Debug, Clone, Copy)]
+pub struct FlipCost {
+    pub pod: usize,
+    pub at: Timestamp,
+    pub status_patches: usize,
+    pub marker_writes: usize,
+    /// From the answer to the status patch carrying the new state to the marker in the watch.
+    pub marker_latency_ms: Option<f64>,
+}
+
+impl Writes {
+    pub fn read(path: &Path) -> std::io::Result<Writes> {
+        let sidecar = format!("system:serviceaccount:{NS}:{SIDECAR_SA}");
+        let mut writes = Writes::default();
+        for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
+            let line = line?;
+            // Cheap filters before parsing: only pod writes in the fleet's namespace.
+            if !line.contains("\"fleet-")
+                || !(line.contains("\"patch\"") || line.contains("\"update\""))
+            {
+                continue;
+            }
+            let Ok(event) = serde_json::from_str::<AuditEvent>(&line) else {
+                continue;
+            };
+            let (Some(object), Some(at)) = (&event.object_ref, &event.stage_timestamp) else {
+                continue;
+            };
+            let Some(index) = object
+                .name
+                .strip_prefix("fleet-")
+                .and_then(|i| i.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            if object.resource != "pods" || !(200..300).contains(&event.code()) {
+                continue;
+            }
+            let Ok(at) = at.parse::<Timestamp>() else {
+                continue;
+            };
+            let write = match object.subresource.as_str() {
+                "status" if event.user.username == sidecar => Write::Status(condition(&event)),
+                "" if event.user.username != "admin" => Write::Marker,
+                _ => continue,
+            };
+            writes.0.entry(index).or_default().push((at, write));
+        }
+        for list in writes.0.values_mut() {
+            list.sort_by_key(|(at, _)| *at);
+        }
+        Ok(writes)
+    }
+
+    /// Pod `pod`'s writes from `from` on, one per line (for the bench's diagnostics).
+    pub fn describe(&self, pod: usize, from: Timestamp) -> String {
+        self.0
+            .get(&pod)
+            .into_iter()
+            .flatten()
+            .filter(|(at, _)| *at >= from)
+            .map(|(at, write)| format!("  {at} {write:?}\n"))
+            .collect()
+    }
+
+    /// The cost of each of `flips` (all flips of the run, any order).
+    pub fn costs(&self, flips: &[Flip]) -> Vec<FlipCost> {
+        let mut by_pod: HashMap<usize, Vec<&Flip>> = HashMap::new();
+        for flip in flips {
+            by_pod.entry(flip.pod).or_default().push(flip);
+        }
+        let mut costs = Vec::new();
+        for (pod, mut list) in by_pod {
+            list.sort_by_key(|f| f.at);
+            let writes = self.0.get(&pod).map(Vec::as_slice).unwrap_or_default();
+            for (n, flip) in list.iter().enumerate() {
+                let end = list.get(n + 1).map(|f| f.at);
+                let window = writes
+                    .iter()
+                    .filter(|(at, _)| *at >= flip.at && end.is_none_or(|end| *at < end));
+                let mut cost = FlipCost {
+                    pod,
+                    at: flip.at,
+                    status_patches: 0,
+                    marker_writes: 0,
+                    marker_latency_ms: None,
+                };
+                let mut answered = None;
+                for (at, write) in window {
+                    match write {
+                        Write::Status(state) => {
+                            cost.status_patches += 1;
+                            if answered.is_none() && *state == Some(flip.to) {
+                                answered = Some(*at);
+                            }
+                        }
+                        Write::Marker => cost.marker_writes += 1,
+                    }
+                }
+                if let (Some(answered), Some(seen)) = (answered, flip.marker_seen) {
+                    let ms = seen.duration_since(answered).as_secs_f64() * 1000.0;
+                    cost.marker_latency_ms = Some(ms.max(0.0));
+                }
+                costs.push(cost);
+            }
+        }
+        costs
+    }
+}
+
+/// The flipped condition's status in a status patch's body.
+fn condition(event: &AuditEvent) -> Option<bool> {
+    let conditions = event.request_object.as_ref()?["status"]["conditions"].as_array()?;
+    let entry = conditions.iter().find(|c| c["type"] == CONDITION)?;
+    match entry["status"].as_str()? {
+        "True" => Some(true),
+        "False" => Some(false),
+        _ => None,
+    }
+}

@@ -1,0 +1,246 @@
+//! The fleet benchmark (issue 23): N serverless pods and N real sidecars on a real control
+//! plane, a manager turning their conditions into markers, P % of the pods flipping a probe
+//! every second, and what that costs the apiserver, etcd, the manager and the sidecars.
+//!
+//! - [`cluster`]: kube-apiserver + etcd, virtual-kubelet nodes, the PodProbeMarker, the manager;
+//! - [`pods`]: the pods as a provider makes them, tokens and downward-API files;
+//! - [`targets`]: one HTTP and one TCP server answering for every pod's own address;
+//! - [`sidecars`]: the real sidecar code, hosted by `podprobe-fleet-sidecars` processes;
+//! - [`flips`]: flipping targets, watching conditions and markers follow;
+//! - [`audit`]: each flip's patches and the time its status patch was answered;
+//! - [`measure`], [`report`]: the figures.
+//!
+//! The run: pods created → baseline window (no sidecars) → sidecars started, until every pod
+//! is marked → idle window → flipping window → drain → audit read → [`Report`].
+
+pub mod audit;
+pub mod binaries;
+pub mod cluster;
+pub mod flips;
+mod http;
+pub mod measure;
+pub mod pods;
+pub mod report;
+pub mod sidecars;
+pub mod targets;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use cluster::{ManagerKind, Periods};
+pub use report::{Report, Source};
+
+/// Quiet time between start-up and the idle window.
+const SETTLE: Duration = Duration::from_secs(5);
+
+/// What can stop a run.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("control plane: {0}")]
+    ControlPlane(#[from] testkit::real::Error),
+    #[error("apiserver: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Setup(String),
+    #[error("only {shown} of {pods} pods showed their condition and marker within {limit:?}")]
+    NotMarked {
+        shown: usize,
+        pods: usize,
+        limit: Duration,
+    },
+}
+
+/// One run's parameters.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    pub pods: usize,
+    pub flip_percent: f64,
+    /// Length of the flipping window.
+    pub seconds: u64,
+    /// Length of the baseline and idle windows.
+    pub idle_seconds: u64,
+    pub manager: ManagerKind,
+    pub source: Source,
+    pub sidecars_per_process: usize,
+    pub nodes: usize,
+    pub periods: Periods,
+    /// `podprobe-fleet-sidecars` and `podprobe-manager` to run.
+    pub sidecar_host: PathBuf,
+    pub manager_binary: PathBuf,
+}
+
+/// Runs the whole benchmark once.
+pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
+    let n = options.pods;
+    let work = tempfile::Builder::new()
+        .prefix("podprobe-fleet-")
+        .tempdir()?;
+    let targets = targets::Targets::start(n).await?;
+    let ports = (targets.http_port, targets.tcp_port);
+    let cluster = cluster::Cluster::start(
+        options.manager,
+        &options.manager_binary,
+        options.nodes,
+        ports,
+        options.periods,
+    )
+    .await?;
+    let (tracker, watch) = flips::Tracker::watch(cluster.cp.client(), n);
+    let _stop_watch = AbortOnDrop(watch);
+    let started = Instant::now();
+    let pods = pods::create(&cluster.cp, work.path(), n, options.nodes, ports).await?;
+    eprintln!("fleet: {n} pods created in {:.1?}", started.elapsed());
+
+    let idle_window = Duration::from_secs(options.idle_seconds);
+    let no_sidecars = measure::Processes::of(&cluster, Vec::new());
+    let before = measure::sample(&cluster, &no_sidecars).await?;
+    tokio::time::sleep(idle_window).await;
+    let baseline = measure::window(
+        &before,
+        &measure::sample(&cluster, &no_sidecars).await?,
+        &no_sidecars,
+        n,
+    );
+
+    let started = Instant::now();
+    let mut hosts = sidecars::Hosts::start(
+        &options.sidecar_host,
+        work.path(),
+        &pods,
+        options.sidecars_per_process,
+        options.source,
+    )?;
+    let processes = measure::Processes::of(&cluster, hosts.pids());
+    wait_all_showing(&tracker, &targets, &mut hosts, n, false).await?;
+    let all_marked_seconds = started.elapsed().as_secs_f64();
+    eprintln!("fleet: every pod marked {all_marked_seconds:.1} s after the sidecars started");
+    // The idle window starts once every probe has reported (the exec probe's first run comes
+    // anywhere in its first period, as the kubelet spreads them).
+    wait_all_showing(&tracker, &targets, &mut hosts, n, true).await?;
+    // Start-up's last writes (other probes' first results, Events) are not the idle cost.
+    tokio::time::sleep(SETTLE).await;
+
+    let before = measure::sample(&cluster, &processes).await?;
+    tokio::time::sleep(idle_window).await;
+    let idle = measure::window(
+        &before,
+        &measure::sample(&cluster, &processes).await?,
+        &processes,
+        n,
+    );
+
+    let before = measure::sample(&cluster, &processes).await?;
+    let flips_made =
+        flips::drive(&targets, &tracker, n, options.flip_percent, options.seconds).await;
+    let flipping = measure::window(
+        &before,
+        &measure::sample(&cluster, &processes).await?,
+        &processes,
+        n,
+    );
+    // The last flips need a probe period to be seen, then a patch and a marker.
+    let drain = Duration::from_secs(u64::from(options.periods.http) * 3 + 30);
+    let deadline = Instant::now() + drain;
+    while tracker.in_flight() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    hosts.check_running()?;
+    let wrong_at_end = n - tracker.count_showing(&targets, true);
+    let (done, lost) = tracker.results();
+    eprintln!(
+        "fleet: {flips_made} flips, {} done, {} lost; reading the audit log",
+        done.len(),
+        lost.len()
+    );
+
+    let writes = audit::Writes::read(&cluster.cp.audit_path())?;
+    let mut all = done.clone();
+    all.extend(lost.iter().cloned());
+    let costs = writes.costs(&all);
+    // A flip that cost more than one status patch or marker write is what the figures are
+    // about: show a few with their writes.
+    for cost in costs
+        .iter()
+        .filter(|c| c.status_patches > 1 || c.marker_writes > 1)
+        .take(3)
+    {
+        eprintln!(
+            "fleet: flip of pod {} at {} cost {} status patches and {} marker writes:\n{}",
+            cost.pod,
+            cost.at,
+            cost.status_patches,
+            cost.marker_writes,
+            writes.describe(cost.pod, cost.at)
+        );
+    }
+    let mut latencies: Vec<f64> = costs.iter().filter_map(|c| c.marker_latency_ms).collect();
+    let flips = all.len().max(1) as f64;
+    Ok(Report {
+        pods: n,
+        source: options.source,
+        manager: options.manager,
+        sidecars_per_process: options.sidecars_per_process,
+        flip_percent: options.flip_percent,
+        flips: all.len(),
+        lost: lost.len() + wrong_at_end,
+        wrong_at_end,
+        marker_latency_p50_ms: report::percentile(&mut latencies, 0.5),
+        marker_latency_p99_ms: report::percentile(&mut latencies, 0.99),
+        marker_latency_max_ms: report::percentile(&mut latencies, 1.0),
+        status_patches_per_flip: costs.iter().map(|c| c.status_patches).sum::<usize>() as f64
+            / flips,
+        status_patches_per_flip_max: costs.iter().map(|c| c.status_patches).max().unwrap_or(0),
+        marker_writes_per_flip: costs.iter().map(|c| c.marker_writes).sum::<usize>() as f64 / flips,
+        marker_writes_per_flip_max: costs.iter().map(|c| c.marker_writes).max().unwrap_or(0),
+        all_marked_seconds,
+        apiserver_cpu_cores: flipping.apiserver_cpu_cores,
+        apiserver_rss_mib: flipping.apiserver_rss_mib,
+        manager_cpu_cores: flipping.manager_cpu_cores,
+        manager_rss_mib: flipping.manager_rss_mib,
+        baseline,
+        idle,
+        flipping,
+    })
+}
+
+/// Waits until every pod shows its condition and marker (and, with `settled`, every
+/// condition).
+async fn wait_all_showing(
+    tracker: &flips::Tracker,
+    targets: &targets::Targets,
+    hosts: &mut sidecars::Hosts,
+    pods: usize,
+    settled: bool,
+) -> Result<(), FleetError> {
+    // Generous: at 10 000 pods on 2 cores start-up is minutes of TLS and first writes.
+    let limit = Duration::from_secs(120) + Duration::from_millis(60 * pods as u64);
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    loop {
+        let shown = tracker.count_showing(targets, settled);
+        if shown == pods {
+            return Ok(());
+        }
+        hosts.check_running()?;
+        if started.elapsed() > limit {
+            return Err(FleetError::NotMarked { shown, pods, limit });
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            eprintln!("fleet: {shown} of {pods} pods marked");
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,135 @@
+//! The figures of a window of the run: CPU of each component (from /proc), memory at the
+//! window's end, and what kube-apiserver (its `/metrics`) and etcd (its `/metrics`) counted.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use testkit::real::metrics::{self, RequestCounts};
+use testkit::real::usage::{cores, cpu_ticks, rss_kib};
+
+use crate::FleetError;
+use crate::cluster::Cluster;
+
+/// The processes whose cost is measured.
+#[derive(Debug, Clone)]
+pub struct Processes {
+    pub apiserver: u32,
+    pub etcd: u32,
+    pub manager: u32,
+    pub sidecars: Vec<u32>,
+}
+
+impl Processes {
+    pub fn of(cluster: &Cluster, sidecars: Vec<u32>) -> Processes {
+        let pids = cluster.cp.pids();
+        Processes {
+            apiserver: pids.apiserver,
+            etcd: pids.etcd,
+            manager: cluster.manager_pid(),
+            sidecars,
+        }
+    }
+}
+
+/// One reading, taken at a window's start and end.
+#[derive(Debug)]
+pub struct Sample {
+    at: Instant,
+    apiserver: u64,
+    etcd: u64,
+    manager: u64,
+    sidecars: u64,
+    metrics: String,
+    etcd_metrics: String,
+}
+
+pub async fn sample(cluster: &Cluster, processes: &Processes) -> Result<Sample, FleetError> {
+    let metrics = cluster.cp.metrics().await?;
+    let etcd: SocketAddr = cluster
+        .cp
+        .etcd_url()
+        .trim_start_matches("http://")
+        .parse()
+        .map_err(|e| FleetError::Setup(format!("etcd url: {e}")))?;
+    let (_, etcd_metrics) = crate::http::get(etcd, "/metrics").await?;
+    Ok(Sample {
+        at: Instant::now(),
+        apiserver: cpu_ticks(processes.apiserver),
+        etcd: cpu_ticks(processes.etcd),
+        manager: cpu_ticks(processes.manager),
+        sidecars: processes.sidecars.iter().map(|&p| cpu_ticks(p)).sum(),
+        metrics,
+        etcd_metrics,
+    })
+}
+
+/// A window's figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Window {
+    pub seconds: f64,
+    pub apiserver_cpu_cores: f64,
+    pub apiserver_rss_mib: f64,
+    pub etcd_cpu_cores: f64,
+    pub etcd_rss_mib: f64,
+    pub etcd_db_mib: f64,
+    pub manager_cpu_cores: f64,
+    pub manager_rss_mib: f64,
+    /// All sidecars together.
+    pub sidecars_cpu_cores: f64,
+    pub sidecar_rss_mib_per_pod: f64,
+    /// Watches of pods the apiserver is serving at the window's end.
+    pub pod_watchers: f64,
+    /// `VERB resource[/subresource]` → requests per second over the window.
+    pub requests_per_second: BTreeMap<String, f64>,
+    pub patch_status_p99_ms: Option<f64>,
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+pub fn window(before: &Sample, after: &Sample, processes: &Processes, pods: usize) -> Window {
+    let seconds = after.at.duration_since(before.at).as_secs_f64();
+    let counts = |m: &str| -> RequestCounts { metrics::request_counts(m) };
+    let delta = metrics::request_delta(&counts(&before.metrics), &counts(&after.metrics));
+    let requests_per_second = delta
+        .into_iter()
+        .map(|((verb, resource, sub), n)| {
+            let key = if sub.is_empty() {
+                format!("{verb} {resource}")
+            } else {
+                format!("{verb} {resource}/{sub}")
+            };
+            (key, n as f64 / seconds)
+        })
+        .collect();
+    let buckets = |m: &str| metrics::duration_buckets(m, "PATCH", "pods", "status");
+    let patch_buckets = metrics::bucket_delta(&buckets(&before.metrics), &buckets(&after.metrics));
+    let sidecar_rss: u64 = processes.sidecars.iter().map(|&p| rss_kib(p)).sum();
+    Window {
+        seconds,
+        apiserver_cpu_cores: cores(before.apiserver, after.apiserver, seconds),
+        apiserver_rss_mib: mib(rss_kib(processes.apiserver)),
+        etcd_cpu_cores: cores(before.etcd, after.etcd, seconds),
+        etcd_rss_mib: mib(rss_kib(processes.etcd)),
+        etcd_db_mib: metrics::sum(&after.etcd_metrics, "etcd_mvcc_db_total_size_in_bytes", &[])
+            / 1024.0
+            / 1024.0,
+        manager_cpu_cores: cores(before.manager, after.manager, seconds),
+        manager_rss_mib: mib(rss_kib(processes.manager)),
+        sidecars_cpu_cores: cores(before.sidecars, after.sidecars, seconds),
+        sidecar_rss_mib_per_pod: if pods == 0 {
+            0.0
+        } else {
+            mib(sidecar_rss) / pods as f64
+        },
+        pod_watchers: metrics::sum(
+            &after.metrics,
+            "apiserver_longrunning_requests",
+            &[("verb", "WATCH"), ("resource", "pods"), ("subresource", "")],
+        ),
+        requests_per_second,
+        patch_status_p99_ms: metrics::quantile(&patch_buckets, 0.99).map(|s| s * 1000.0),
+    }
+}

@@ -1,0 +1,154 @@
+//! The fleet's pods, made as a serverless provider's pods are: created bound to a
+//! virtual-kubelet node through the whole admission chain (the manager's webhook writes
+//! `kruise.io/podprobe`; podprobe's also injects its sidecar), their status written once as the
+//! provider reports a started pod, and a token of the sidecar's ServiceAccount bound to each,
+//! as the kubelet would mount it.
+
+use std::path::{Path, PathBuf};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use testkit::real::ControlPlane;
+
+use crate::FleetError;
+use crate::cluster::{NS, SIDECAR_SA};
+use crate::targets::pod_ip;
+
+/// Requests in flight while the fleet is made (the apiserver's default max-in-flight for
+/// mutations is 200; this stays well under).
+const CONCURRENCY: usize = 32;
+
+/// What a sidecar needs to know about its pod.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct FleetPod {
+    pub index: usize,
+    pub name: String,
+    pub uid: String,
+    pub ip: String,
+    pub kubeconfig: PathBuf,
+    /// The downward-API annotations file (kubelet layout), for `--source file`.
+    pub annotations_file: PathBuf,
+}
+
+pub fn pod_name(i: usize) -> String {
+    format!("fleet-{i}")
+}
+
+/// Pod `i` as its owner creates it: bound to one of `nodes` virtual-kubelet nodes.
+pub fn pod_template(i: usize, nodes: usize, (http_port, tcp_port): (u16, u16)) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name(i), "namespace": NS, "labels": {"app": "fleet"}},
+        "spec": {"nodeName": format!("vk-{}", i % nodes.max(1)),
+                 "serviceAccountName": SIDECAR_SA,
+                 "containers": [{"name": "main", "image": "game:1", "ports": [
+                     {"containerPort": http_port}, {"containerPort": tcp_port}]}]}
+    })
+}
+
+/// The provider's one status report: scheduled, initialized, running at the pod's address,
+/// every container started (the injected sidecar, when there is one, among them).
+fn provider_status(pod: &Pod, ip: &str) -> Value {
+    let running = |name: &str| {
+        json!({"name": name, "ready": true, "restartCount": 0, "image": "img", "imageID": "",
+               "containerID": format!("vk://{name}"), "started": true,
+               "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}})
+    };
+    let spec = pod.spec.as_ref();
+    let names = |containers: Option<&Vec<k8s_openapi::api::core::v1::Container>>| {
+        containers
+            .into_iter()
+            .flatten()
+            .map(|c| running(&c.name))
+            .collect::<Vec<_>>()
+    };
+    json!({"status": {
+        "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "PodScheduled", "status": "True"},
+                       {"type": "Initialized", "status": "True"},
+                       {"type": "ContainersReady", "status": "True"},
+                       {"type": "Ready", "status": "True"}],
+        "initContainerStatuses": names(spec.and_then(|s| s.init_containers.as_ref())),
+        "containerStatuses": names(spec.map(|s| &s.containers)),
+    }})
+}
+
+/// Creates pods `0..count`, writes their status and their sidecars' kubeconfigs and
+/// annotations files under `work`.
+pub async fn create(
+    cp: &ControlPlane,
+    work: &Path,
+    count: usize,
+    nodes: usize,
+    ports: (u16, u16),
+) -> Result<Vec<FleetPod>, FleetError> {
+    let mut pods: Vec<FleetPod> = futures::stream::iter(0..count)
+        .map(|i| create_one(cp, work, i, nodes, ports))
+        .buffer_unordered(CONCURRENCY)
+        .try_collect()
+        .await?;
+    pods.sort_by_key(|p| p.index);
+    Ok(pods)
+}
+
+async fn create_one(
+    cp: &ControlPlane,
+    work: &Path,
+    i: usize,
+    nodes: usize,
+    ports: (u16, u16),
+) -> Result<FleetPod, FleetError> {
+    let api: Api<Pod> = Api::namespaced(cp.client(), NS);
+    let pod: Pod = serde_json::from_value(pod_template(i, nodes, ports))?;
+    let pod = api.create(&PostParams::default(), &pod).await?;
+    let name = pod_name(i);
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    if !annotations.contains_key("kruise.io/podprobe") {
+        return Err(FleetError::Setup(format!(
+            "{name} was admitted without kruise.io/podprobe: the manager's webhook did not annotate it"
+        )));
+    }
+    let ip = pod_ip(i).to_string();
+    api.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(&provider_status(&pod, &ip)),
+    )
+    .await?;
+    let token = cp.pod_token(SIDECAR_SA, &pod).await?;
+    let dir = work.join(&name);
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    cp.write_kubeconfig_for_token(&kubeconfig, &token)?;
+    let annotations_file = write_downward_api(&dir, &annotations)?;
+    Ok(FleetPod {
+        index: i,
+        name,
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        ip,
+        kubeconfig,
+        annotations_file,
+    })
+}
+
+/// The pod's annotations as the kubelet projects them (`key="go-quoted value"` lines, sorted)
+/// through its atomic writer's layout: `annotations -> ..data/annotations`, `..data -> ..<ts>`.
+fn write_downward_api(
+    dir: &Path,
+    annotations: &std::collections::BTreeMap<String, String>,
+) -> std::io::Result<PathBuf> {
+    let text: String = annotations
+        .iter()
+        .map(|(k, v)| format!("{k}={}\n", podprobe::annotation::go_quote(v)))
+        .collect();
+    let volume = dir.join("podinfo");
+    let data = volume.join("..2026_11_24_00_00_00.1");
+    std::fs::create_dir_all(&data)?;
+    std::fs::write(data.join("annotations"), text)?;
+    std::os::unix::fs::symlink("..2026_11_24_00_00_00.1", volume.join("..data"))?;
+    std::os::unix::fs::symlink("..data/annotations", volume.join("annotations"))?;
+    Ok(volume.join("annotations"))
+}

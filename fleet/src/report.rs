@@ -1,0 +1,135 @@
+//! The bench's result: one JSON object (its last line of output) and a readable summary.
+
+use crate::cluster::ManagerKind;
+use crate::measure::Window;
+
+/// Where the sidecars read their probes.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// A watch on the pod (`--source api`).
+    Api,
+    /// The downward-API annotations file (`--source file`).
+    File,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub pods: usize,
+    pub source: Source,
+    pub manager: ManagerKind,
+    pub sidecars_per_process: usize,
+    pub flip_percent: f64,
+    pub flips: usize,
+    /// Flips whose marker never showed the new state, plus pods left showing a wrong state.
+    pub lost: usize,
+    pub wrong_at_end: usize,
+    pub marker_latency_p50_ms: Option<f64>,
+    pub marker_latency_p99_ms: Option<f64>,
+    pub marker_latency_max_ms: Option<f64>,
+    pub status_patches_per_flip: f64,
+    pub status_patches_per_flip_max: usize,
+    pub marker_writes_per_flip: f64,
+    pub marker_writes_per_flip_max: usize,
+    /// From starting the sidecars to every pod showing its condition and marker.
+    pub all_marked_seconds: f64,
+    /// The flipping window's figures, flattened for the headline.
+    pub apiserver_cpu_cores: f64,
+    pub apiserver_rss_mib: f64,
+    pub manager_cpu_cores: f64,
+    pub manager_rss_mib: f64,
+    /// The pods and the manager without sidecars.
+    pub baseline: Window,
+    /// Every sidecar running, nothing flipping.
+    pub idle: Window,
+    pub flipping: Window,
+}
+
+/// `q` (0..1) of `values` by nearest rank; `None` when empty.
+pub fn percentile(values: &mut [f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
+    Some(values[rank - 1])
+}
+
+impl Report {
+    /// A few lines for a person; the JSON line follows it.
+    pub fn summary(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} ms"));
+        let per_1000 = |cores: f64| cores * 1000.0 / self.pods.max(1) as f64;
+        let mut out = format!(
+            "{} pods, source {:?}, manager {:?}: {} flips, {} lost; marker p50 {} p99 {}; \
+             {:.2} status patches and {:.2} marker writes per flip; all marked in {:.1} s\n",
+            self.pods,
+            self.source,
+            self.manager,
+            self.flips,
+            self.lost,
+            ms(self.marker_latency_p50_ms),
+            ms(self.marker_latency_p99_ms),
+            self.status_patches_per_flip,
+            self.marker_writes_per_flip,
+            self.all_marked_seconds,
+        );
+        out.push_str(&format!(
+            "{:<9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>9} {:>10} {:>9} {:>9} {:>8}\n",
+            "window",
+            "api cores",
+            "api MiB",
+            "etcd",
+            "etcd MiB",
+            "mgr",
+            "mgr MiB",
+            "sidecars",
+            "per 1000",
+            "watchers",
+            "req/s"
+        ));
+        for (name, w) in [
+            ("baseline", &self.baseline),
+            ("idle", &self.idle),
+            ("flipping", &self.flipping),
+        ] {
+            let requests: f64 = w.requests_per_second.values().sum();
+            out.push_str(&format!(
+                "{name:<9} {:>9.3} {:>9.0} {:>8.3} {:>8.1} {:>8.3} {:>9.1} {:>10.3} {:>9.3} {:>9.0} {:>8.1}\n",
+                w.apiserver_cpu_cores,
+                w.apiserver_rss_mib,
+                w.etcd_cpu_cores,
+                w.etcd_db_mib,
+                w.manager_cpu_cores,
+                w.manager_rss_mib,
+                w.sidecars_cpu_cores,
+                per_1000(w.sidecars_cpu_cores),
+                w.pod_watchers,
+                requests,
+            ));
+        }
+        out.push_str("requests/s while flipping:");
+        for (key, rate) in &self.flipping.requests_per_second {
+            if *rate >= 0.05 {
+                out.push_str(&format!(" {key} {rate:.1};"));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(percentile(&mut v, 0.5), Some(3.0));
+        assert_eq!(percentile(&mut v, 0.99), Some(5.0));
+        assert_eq!(percentile(&mut v, 0.0), Some(1.0));
+        assert_eq!(percentile(&mut [], 0.5), None);
+    }
+}

@@ -1,0 +1,152 @@
+//! The fleet's sidecars: the real sidecar code (`podprobe::sidecar`, what `podprobe run`
+//! runs), one instance per pod, hosted by `podprobe-fleet-sidecars` processes.
+//!
+//! One instance per process is what a cluster runs. Beyond a few hundred pods this machine's
+//! memory and scheduler would be spent on process overhead, so a process then hosts several
+//! instances. The apiserver cannot tell: every instance builds its own client from its own
+//! pod's kubeconfig (its own pod-bound token), so it has its own connection pool, TLS sessions
+//! and HTTP/1.1 connections (one per watch, as kube-rs keeps them), its own watch on its own
+//! pod, and its own writer; nothing between instances is shared but the process' runtime and
+//! allocator. What does change is the per-pod memory figure (the runtime and allocator are
+//! shared; bench_sidecar measures one sidecar per process) and CPU scheduling.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use podprobe::pod::{PodIdentity, SourceKind};
+use podprobe::probe::ExecMode;
+use podprobe::runner::TimingDefaults;
+use podprobe::sidecar::SidecarOptions;
+
+use crate::FleetError;
+use crate::pods::FleetPod;
+use crate::report::Source;
+
+/// What one host process runs: its instances' pods and the source they read.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct HostSpec {
+    pub source: Source,
+    pub pods: Vec<FleetPod>,
+}
+
+/// `podprobe run`'s options for one pod, with the command line's defaults but the source.
+/// Exec probes run in the host's own container (`local`): there is no container to enter.
+pub fn options(pod: &FleetPod, source: Source) -> SidecarOptions {
+    SidecarOptions {
+        identity: PodIdentity {
+            name: pod.name.clone(),
+            namespace: crate::cluster::NS.to_owned(),
+            uid: Some(pod.uid.clone()),
+        },
+        pod_ip: Some(pod.ip.clone()),
+        source: match source {
+            Source::Api => SourceKind::Api,
+            Source::File => SourceKind::File,
+        },
+        annotations_file: pod.annotations_file.clone(),
+        file_poll: Duration::from_secs(10),
+        timing_defaults: TimingDefaults::Kruise,
+        user_agent: podprobe::probe::http::DEFAULT_USER_AGENT.to_owned(),
+        refresh_interval: Duration::from_secs(600),
+        coalesce: Duration::from_millis(200),
+        prune_conditions: false,
+        events: true,
+        metrics_addr: None,
+        exec_mode: ExecMode::Local,
+    }
+}
+
+/// The host processes; killed when dropped (and by the kernel if the bench dies).
+#[derive(Debug)]
+pub struct Hosts {
+    children: Vec<std::process::Child>,
+}
+
+impl Hosts {
+    /// Starts `pods` in processes of `per_process` instances each.
+    pub fn start(
+        binary: &Path,
+        work: &Path,
+        pods: &[FleetPod],
+        per_process: usize,
+        source: Source,
+    ) -> Result<Hosts, FleetError> {
+        let mut children = Vec::new();
+        for (n, chunk) in pods.chunks(per_process.max(1)).enumerate() {
+            let spec = HostSpec {
+                source,
+                pods: chunk.to_vec(),
+            };
+            let path = work.join(format!("host-{n}.json"));
+            std::fs::write(&path, serde_json::to_vec(&spec)?)?;
+            let log = std::fs::File::create(work.join(format!("host-{n}.log")))?;
+            let child = std::process::Command::new("setpriv")
+                .args(["--pdeathsig", "KILL", "--"])
+                .arg(binary)
+                .arg(&path)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .map_err(|e| FleetError::Setup(format!("{}: {e}", binary.display())))?;
+            children.push(child);
+        }
+        Ok(Hosts { children })
+    }
+
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(std::process::Child::id).collect()
+    }
+
+    /// Fails when a host process has exited (a sidecar never exits on its own).
+    pub fn check_running(&mut self) -> Result<(), FleetError> {
+        for child in &mut self.children {
+            if let Some(status) = child.try_wait()? {
+                return Err(FleetError::Setup(format!(
+                    "sidecar host {} exited: {status}",
+                    child.id()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The host process' body: every instance of `spec`, each with its own client, until SIGTERM.
+pub async fn host(spec: PathBuf) -> Result<(), FleetError> {
+    let spec: HostSpec = serde_json::from_slice(&std::fs::read(&spec)?)?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for pod in spec.pods {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&pod.kubeconfig)
+            .map_err(|e| FleetError::Setup(format!("{}: {e}", pod.kubeconfig.display())))?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .map_err(|e| FleetError::Setup(format!("{}: {e}", pod.kubeconfig.display())))?;
+        let client = kube::Client::try_from(config)?;
+        let options = options(&pod, spec.source);
+        tasks.spawn(async move {
+            let name = options.identity.name.clone();
+            if let Err(e) = podprobe::sidecar::run_with_client(
+                options,
+                client,
+                podprobe::shutdown::termination(),
+            )
+            .await
+            {
+                tracing::error!(pod = name, "sidecar ended: {e}");
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! The fleet benchmark at small N in the suite: 200 pods, each with its own sidecar instance
+//! (the real sidecar code, 20 per process) and its own pod-bound token, watch and connections,
+//! podprobe-manager installed by the chart, 5 % of the pods flipping their http probe every
+//! second. Fails when a flip's marker never shows, or when a flip costs more than one status
+//! patch or more than one marker write.
+
+use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source, binaries};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
+    let options = FleetOptions {
+        pods: 200,
+        flip_percent: 5.0,
+        seconds: 10,
+        idle_seconds: 2,
+        manager: ManagerKind::Podprobe,
+        source: Source::Api,
+        sidecars_per_process: 20,
+        nodes: 4,
+        periods: Periods {
+            http: 1,
+            tcp: 5,
+            exec: 5,
+        },
+        sidecar_host: env!("CARGO_BIN_EXE_podprobe-fleet-sidecars").into(),
+        manager_binary: binaries::build("podprobe-manager", "podprobe-manager"),
+    };
+    let report = podprobe_fleet::run(&options)
+        .await
+        .unwrap_or_else(|e| panic!("fleet run: {e}"));
+    eprintln!("{}", report.summary());
+    assert!(
+        report.flips >= 50,
+        "too few flips to mean anything: {}",
+        report.flips
+    );
+    assert_eq!(report.lost, 0, "flips lost or pods left wrong: {report:#?}");
+    assert_eq!(
+        report.status_patches_per_flip_max, 1,
+        "a flip cost more than one status patch"
+    );
+    assert_eq!(
+        report.marker_writes_per_flip_max, 1,
+        "a flip cost more than one marker write"
+    );
+    assert!(
+        report.marker_latency_p99_ms.is_some(),
+        "no marker latency measured"
+    );
+}
