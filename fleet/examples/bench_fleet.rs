@@ -4,8 +4,9 @@
 //!         --pods 1000 --flip-percent 1 --seconds 60 --manager podprobe --source api
 //!
 //! It builds `podprobe-fleet-sidecars` and `podprobe-manager` in the same profile, prints a
-//! summary, appends a row to docs/perf/fleet.csv, and prints the report as one JSON object
-//! on its last line. A program that prints figures, not a test.
+//! summary, appends a row to docs/perf/fleet.csv and the whole report to
+//! docs/perf/fleet.jsonl (what `cargo run --example plot_perf` plots), and prints the report as
+//! one JSON object on its last line. A program that prints figures, not a test.
 
 use std::io::Write;
 use std::path::Path;
@@ -108,5 +109,13 @@ async fn main() {
         r.flipping.manager_rss_mib, r.idle.pod_watchers, o(r.flipping.patch_status_p99_ms),
     )
     .unwrap();
+    let jsonl_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/fleet.jsonl");
+    let mut jsonl = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&jsonl_path)
+        .expect("docs/perf/fleet.jsonl");
+    let record = serde_json::json!({"build": args.build, "report": report});
+    writeln!(jsonl, "{record}").unwrap();
     println!("{}", serde_json::to_string(&report).unwrap());
 }

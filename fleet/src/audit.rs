@@ -37,9 +37,40 @@ pub struct FlipCost {
 }
 
 impl Writes {
+    /// Reads the audit log at `path` and the files the apiserver rotated it into
+    /// (`audit-<time>.log` beside it, every 100 MB by default).
     pub fn read(path: &Path) -> std::io::Result<Writes> {
-        let sidecar = format!("system:serviceaccount:{NS}:{SIDECAR_SA}");
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+            })
+            .collect();
+        files.sort();
+        files.push(path.to_path_buf());
         let mut writes = Writes::default();
+        for file in files {
+            writes.read_file(&file)?;
+        }
+        for list in writes.0.values_mut() {
+            list.sort_by_key(|(at, _)| *at);
+        }
+        Ok(writes)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn read_file(&mut self, path: &Path) -> std::io::Result<()> {
+        let sidecar = format!("system:serviceaccount:{NS}:{SIDECAR_SA}");
         for line in std::io::BufReader::new(std::fs::File::open(path)?).lines() {
             let line = line?;
             // Cheap filters before parsing: only pod writes in the fleet's namespace.
@@ -72,12 +103,9 @@ impl Writes {
                 "" if event.user.username != "admin" => Write::Marker,
                 _ => continue,
             };
-            writes.0.entry(index).or_default().push((at, write));
+            self.0.entry(index).or_default().push((at, write));
         }
-        for list in writes.0.values_mut() {
-            list.sort_by_key(|(at, _)| *at);
-        }
-        Ok(writes)
+        Ok(())
     }
 
     /// Pod `pod`'s writes from `from` on, one per line (for the bench's diagnostics).

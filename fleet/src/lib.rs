@@ -73,8 +73,33 @@ pub struct FleetOptions {
     pub manager_binary: PathBuf,
 }
 
+/// Open files a production kube-apiserver may hold (containerd's and systemd units'
+/// `LimitNOFILE`): every sidecar keeps two connections to it, a watch and one for writes.
+const OPEN_FILES: u64 = 1 << 20;
+
+/// Raises this process' open-files limit towards [`OPEN_FILES`], so the control plane it
+/// starts inherits what a real one has; a sandbox's lower hard limit would otherwise refuse
+/// connections long before the apiserver runs out of anything else.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if setrlimit(Resource::RLIMIT_NOFILE, OPEN_FILES, OPEN_FILES).is_err() {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+    let (now, _) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((soft, hard));
+    if now < OPEN_FILES {
+        eprintln!(
+            "fleet: open files limited to {now} (wanted {OPEN_FILES}): the apiserver will refuse \
+             connections past about {now} / 2 sidecars"
+        );
+    }
+}
+
 /// Runs the whole benchmark once.
 pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
+    raise_open_files_limit();
     let n = options.pods;
     let work = tempfile::Builder::new()
         .prefix("podprobe-fleet-")
@@ -115,12 +140,19 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         options.source,
     )?;
     let processes = measure::Processes::of(&cluster, hosts.pids());
+    let before = measure::sample(&cluster, &processes).await?;
     wait_all_showing(&tracker, &targets, &mut hosts, n, false).await?;
     let all_marked_seconds = started.elapsed().as_secs_f64();
     eprintln!("fleet: every pod marked {all_marked_seconds:.1} s after the sidecars started");
     // The idle window starts once every probe has reported (the exec probe's first run comes
     // anywhere in its first period, as the kubelet spreads them).
     wait_all_showing(&tracker, &targets, &mut hosts, n, true).await?;
+    let startup = measure::window(
+        &before,
+        &measure::sample(&cluster, &processes).await?,
+        &processes,
+        n,
+    );
     // Start-up's last writes (other probes' first results, Events) are not the idle cost.
     tokio::time::sleep(SETTLE).await;
 
@@ -157,9 +189,14 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         lost.len()
     );
 
-    let writes = audit::Writes::read(&cluster.cp.audit_path())?;
     let mut all = done.clone();
     all.extend(lost.iter().cloned());
+    let writes = audit::Writes::read(&cluster.cp.audit_path())?;
+    if writes.is_empty() && !all.is_empty() {
+        return Err(FleetError::Setup(
+            "the audit log holds no pod writes".into(),
+        ));
+    }
     let costs = writes.costs(&all);
     // A flip that cost more than one status patch or marker write is what the figures are
     // about: show a few with their writes.
@@ -197,6 +234,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         marker_writes_per_flip: costs.iter().map(|c| c.marker_writes).sum::<usize>() as f64 / flips,
         marker_writes_per_flip_max: costs.iter().map(|c| c.marker_writes).max().unwrap_or(0),
         all_marked_seconds,
+        startup,
         apiserver_cpu_cores: flipping.apiserver_cpu_cores,
         apiserver_rss_mib: flipping.apiserver_rss_mib,
         manager_cpu_cores: flipping.manager_cpu_cores,

@@ -70,6 +70,8 @@ pub struct Window {
     pub seconds: f64,
     pub apiserver_cpu_cores: f64,
     pub apiserver_rss_mib: f64,
+    /// File descriptors the apiserver holds at the window's end (mostly connections).
+    pub apiserver_open_files: usize,
     pub etcd_cpu_cores: f64,
     pub etcd_rss_mib: f64,
     pub etcd_db_mib: f64,
@@ -111,6 +113,8 @@ pub fn window(before: &Sample, after: &Sample, processes: &Processes, pods: usiz
         seconds,
         apiserver_cpu_cores: cores(before.apiserver, after.apiserver, seconds),
         apiserver_rss_mib: mib(rss_kib(processes.apiserver)),
+        apiserver_open_files: std::fs::read_dir(format!("/proc/{}/fd", processes.apiserver))
+            .map_or(0, Iterator::count),
         etcd_cpu_cores: cores(before.etcd, after.etcd, seconds),
         etcd_rss_mib: mib(rss_kib(processes.etcd)),
         etcd_db_mib: metrics::sum(&after.etcd_metrics, "etcd_mvcc_db_total_size_in_bytes", &[])

@@ -35,6 +35,8 @@ pub struct Report {
     pub marker_writes_per_flip_max: usize,
     /// From starting the sidecars to every pod showing its condition and marker.
     pub all_marked_seconds: f64,
+    /// From starting the sidecars to every pod having every condition.
+    pub startup: Window,
     /// The flipping window's figures, flattened for the headline.
     pub apiserver_cpu_cores: f64,
     pub apiserver_rss_mib: f64,
@@ -92,6 +94,7 @@ impl Report {
         ));
         for (name, w) in [
             ("baseline", &self.baseline),
+            ("start-up", &self.startup),
             ("idle", &self.idle),
             ("flipping", &self.flipping),
         ] {
@@ -110,7 +113,14 @@ impl Report {
                 requests,
             ));
         }
-        out.push_str("requests/s while flipping:");
+        out.push_str("requests per pod during start-up:");
+        for (key, rate) in &self.startup.requests_per_second {
+            let per_pod = rate * self.startup.seconds / self.pods.max(1) as f64;
+            if per_pod >= 0.01 {
+                out.push_str(&format!(" {key} {per_pod:.2};"));
+            }
+        }
+        out.push_str("\nrequests/s while flipping:");
         for (key, rate) in &self.flipping.requests_per_second {
             if *rate >= 0.05 {
                 out.push_str(&format!(" {key} {rate:.1};"));

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
     // One thread, as the sidecar's own binary runs.
