@@ -1,6 +1,7 @@
 //! Renders the benchmarks' figures (`docs/perf/*.csv`, written by `bench_sidecar`,
-//! `bench_probes` and podprobe-manager's `bench_manager`) as SVG plots next to them, for
-//! `docs/performance.md`.
+//! `bench_probes` and podprobe-manager's `bench_manager`; `docs/perf/fleet.jsonl`, written by
+//! podprobe-fleet's `bench_fleet`) as SVG plots next to them, for `docs/performance.md` and
+//! `docs/scale.md`.
 //!
 //!     cargo run --example plot_perf
 //!
@@ -9,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
+use serde_json::Value;
 
 type Plot = Result<(), Box<dyn std::error::Error>>;
 
@@ -55,6 +57,46 @@ fn line_chart(file: &str, title: &str, x: &str, y: &str, points: &[(f64, f64)]) 
     chart.configure_mesh().x_desc(x).y_desc(y).draw()?;
     chart.draw_series(LineSeries::new(points.iter().copied(), &BLUE))?;
     chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, BLUE.filled())))?;
+    root.present()?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// Several labelled lines through their points, with a legend.
+fn lines_chart(
+    file: &str,
+    title: &str,
+    x: &str,
+    y: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Plot {
+    let path = perf_dir().join(file);
+    let root = SVGBackend::new(&path, (640, 400)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let all = || series.iter().flat_map(|(_, points)| points.iter());
+    let x_max = all().map(|p| p.0).fold(0.0, f64::max) * 1.05;
+    let y_max = all().map(|p| p.1).fold(0.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    chart.configure_mesh().x_desc(x).y_desc(y).draw()?;
+    for (n, (label, points)) in series.iter().enumerate() {
+        let color = Palette99::pick(n).to_rgba();
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     println!("wrote {}", path.display());
     Ok(())
@@ -145,5 +187,131 @@ fn main() -> Plot {
             &patches,
         )?;
     }
-    Ok(())
+    fleet_plots()
+}
+
+/// `docs/perf/fleet.jsonl`: one `{"build", "report"}` object per bench_fleet run; the runs of
+/// build `this`.
+fn fleet_reports() -> Option<Vec<Value>> {
+    let path = perf_dir().join("fleet.jsonl");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("{}: {e}; run bench_fleet first", path.display());
+            return None;
+        }
+    };
+    Some(
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["build"] == "this")
+            .map(|v| v["report"].clone())
+            .collect(),
+    )
+}
+
+/// `report[window][key]` as a number (0 when absent).
+fn figure(report: &Value, window: &str, key: &str) -> f64 {
+    report[window][key].as_f64().unwrap_or(0.0)
+}
+
+/// (pods, figure) of the 1 %-flip runs with this source and manager, by pods.
+fn by_pods(
+    reports: &[Value],
+    source: &str,
+    manager: &str,
+    window: &str,
+    key: &str,
+) -> Vec<(f64, f64)> {
+    let mut points: Vec<(f64, f64)> = reports
+        .iter()
+        .filter(|r| r["source"] == source && r["manager"] == manager && r["flip_percent"] == 1.0)
+        .map(|r| (r["pods"].as_f64().unwrap_or(0.0), figure(r, window, key)))
+        .collect();
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    points
+}
+
+fn fleet_plots() -> Plot {
+    let Some(reports) = fleet_reports() else {
+        return Ok(());
+    };
+    let series = |label: &str, source: &str, manager: &str, window: &str, key: &str| {
+        (
+            label.to_owned(),
+            by_pods(&reports, source, manager, window, key),
+        )
+    };
+    let cpu = "apiserver_cpu_cores";
+    lines_chart(
+        "fleet_apiserver_cpu.svg",
+        "kube-apiserver CPU by pods (podprobe-manager)",
+        "pods",
+        "cores",
+        &[
+            series("no sidecars", "api", "podprobe", "baseline", cpu),
+            series("idle, --source api", "api", "podprobe", "idle", cpu),
+            series("idle, --source file", "file", "podprobe", "idle", cpu),
+            series("1 % flipping/s, api", "api", "podprobe", "flipping", cpu),
+            series("1 % flipping/s, file", "file", "podprobe", "flipping", cpu),
+        ],
+    )?;
+    let rss = "apiserver_rss_mib";
+    lines_chart(
+        "fleet_apiserver_rss.svg",
+        "kube-apiserver memory by pods (podprobe-manager)",
+        "pods",
+        "RSS (MiB)",
+        &[
+            series("no sidecars", "api", "podprobe", "baseline", rss),
+            series("idle, --source api", "api", "podprobe", "idle", rss),
+            series("idle, --source file", "file", "podprobe", "idle", rss),
+        ],
+    )?;
+    lines_chart(
+        "fleet_manager.svg",
+        "Manager CPU while 1 % of the pods flip per second",
+        "pods",
+        "cores",
+        &[
+            series(
+                "podprobe-manager",
+                "api",
+                "podprobe",
+                "flipping",
+                "manager_cpu_cores",
+            ),
+            series(
+                "kruise-manager",
+                "api",
+                "kruise",
+                "flipping",
+                "manager_cpu_cores",
+            ),
+        ],
+    )?;
+    // Latency by flip rate: the 1 000-pod podprobe-manager runs.
+    let mut by_rate: Vec<&Value> = reports
+        .iter()
+        .filter(|r| r["pods"] == 1000 && r["source"] == "api" && r["manager"] == "podprobe")
+        .collect();
+    let rate = |r: &Value| r["flip_percent"].as_f64().unwrap_or(0.0) * 10.0;
+    by_rate.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    let latency = |label: &str, key: &str| {
+        let points = by_rate
+            .iter()
+            .map(|r| (rate(r), r[key].as_f64().unwrap_or(0.0)))
+            .collect();
+        (label.to_owned(), points)
+    };
+    lines_chart(
+        "fleet_latency.svg",
+        "Status patch answered → marker seen, 1 000 pods",
+        "flips per second",
+        "ms",
+        &[
+            latency("p50", "marker_latency_p50_ms"),
+            latency("p99", "marker_latency_p99_ms"),
+        ],
+    )
 }
