@@ -56,7 +56,7 @@ pub fn request_delta(before: &RequestCounts, after: &RequestCounts) -> RequestCo
 }
 
 /// The sum of the samples of gauge or counter `name` whose labels include `labels` (a label
-/// absent from a sample counts as `""`): e.g. `apiserver_registered_watchers` of kind Pod.
+/// absent from a sample counts as `""`): e.g. `apiserver_longrunning_requests` of pod watches.
 pub fn sum(metrics: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     metrics
         .lines()
