@@ -18,16 +18,17 @@ fn perf_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/perf")
 }
 
+/// A figures file of `docs/perf/`, or `None` (said on stderr) when its benchmark has not run.
+fn read_figures(name: &str) -> Option<String> {
+    let path = perf_dir().join(name);
+    std::fs::read_to_string(&path)
+        .inspect_err(|e| eprintln!("{}: {e}; run its benchmark first", path.display()))
+        .ok()
+}
+
 /// The rows of one of our CSV files (a header line, then comma-separated fields, no quoting).
 fn rows(name: &str) -> Option<Vec<Vec<String>>> {
-    let path = perf_dir().join(name);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{}: {e}; run its benchmark first", path.display());
-            return None;
-        }
-    };
+    let text = read_figures(name)?;
     Some(
         text.lines()
             .skip(1)
@@ -193,14 +194,7 @@ fn main() -> Plot {
 /// `docs/perf/fleet.jsonl`: one `{"build", "report"}` object per bench_fleet run; the runs of
 /// build `this`.
 fn fleet_reports() -> Option<Vec<Value>> {
-    let path = perf_dir().join("fleet.jsonl");
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{}: {e}; run bench_fleet first", path.display());
-            return None;
-        }
-    };
+    let text = read_figures("fleet.jsonl")?;
     Some(
         text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())

@@ -3,16 +3,16 @@
 //!     cargo run --release -p podprobe-fleet --example bench_fleet -- \
 //!         --pods 1000 --flip-percent 1 --seconds 60 --manager podprobe --source api
 //!
-//! It builds `podprobe-fleet-sidecars` and `podprobe-manager` in the same profile, prints a
-//! summary, appends a row to docs/perf/fleet.csv and the whole report to
-//! docs/perf/fleet.jsonl (what `cargo run --example plot_perf` plots), and prints the report as
-//! one JSON object on its last line. A program that prints figures, not a test.
+//! It builds `podprobe-fleet-sidecars` and `podprobe-manager` in its own profile
+//! (`testkit::workspace::binary`), prints a summary, appends the whole report to
+//! docs/perf/fleet.jsonl (what `cargo run --example plot_perf` plots), and prints the report
+//! as one JSON object on its last line. A program that prints figures, not a test.
 
 use std::io::Write;
 use std::path::Path;
 
 use clap::Parser;
-use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source, binaries};
+use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -73,8 +73,8 @@ async fn main() {
             tcp: args.tcp_period,
             exec: args.exec_period,
         },
-        sidecar_host: binaries::build("podprobe-fleet", "podprobe-fleet-sidecars"),
-        manager_binary: binaries::build("podprobe-manager", "podprobe-manager"),
+        sidecar_host: testkit::workspace::binary("podprobe-fleet", "podprobe-fleet-sidecars"),
+        manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
     };
     eprintln!("bench_fleet: {options:?}");
     let report = match podprobe_fleet::run(&options).await {
@@ -85,30 +85,6 @@ async fn main() {
         }
     };
     println!("{}", report.summary());
-    let csv_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/fleet.csv");
-    let new_file = !csv_path.exists();
-    let mut csv = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&csv_path)
-        .expect("docs/perf/fleet.csv");
-    if new_file {
-        writeln!(csv, "build,pods,source,manager,per_process,flip_percent,flips,lost,marker_p50_ms,marker_p99_ms,status_patches_per_flip,marker_writes_per_flip,all_marked_s,baseline_api_cores,idle_api_cores,flip_api_cores,api_rss_mib,etcd_db_mib,idle_etcd_cores,flip_etcd_cores,idle_sidecar_cores,sidecar_rss_mib_per_pod,flip_manager_cores,manager_rss_mib,pod_watchers,patch_status_p99_ms").unwrap();
-    }
-    let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
-    let r = &report;
-    writeln!(
-        csv,
-        "{},{},{:?},{:?},{},{},{},{},{},{},{:.3},{:.3},{:.1},{:.4},{:.4},{:.4},{:.0},{:.1},{:.4},{:.4},{:.4},{:.3},{:.4},{:.1},{:.0},{}",
-        args.build, r.pods, r.source, r.manager, r.sidecars_per_process, r.flip_percent, r.flips,
-        r.lost, o(r.marker_latency_p50_ms), o(r.marker_latency_p99_ms), r.status_patches_per_flip,
-        r.marker_writes_per_flip, r.all_marked_seconds, r.baseline.apiserver_cpu_cores,
-        r.idle.apiserver_cpu_cores, r.flipping.apiserver_cpu_cores, r.flipping.apiserver_rss_mib,
-        r.flipping.etcd_db_mib, r.idle.etcd_cpu_cores, r.flipping.etcd_cpu_cores,
-        r.idle.sidecars_cpu_cores, r.idle.sidecar_rss_mib_per_pod, r.flipping.manager_cpu_cores,
-        r.flipping.manager_rss_mib, r.idle.pod_watchers, o(r.flipping.patch_status_p99_ms),
-    )
-    .unwrap();
     let jsonl_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/fleet.jsonl");
     let mut jsonl = std::fs::OpenOptions::new()
         .create(true)

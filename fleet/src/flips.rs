@@ -41,6 +41,12 @@ struct State {
     done: Vec<Flip>,
 }
 
+fn showing(seen: &Seen, healthy: bool, settled: bool) -> bool {
+    seen.condition == Some(healthy)
+        && seen.marker == Some(healthy)
+        && (!settled || seen.conditions == CONDITIONS.len())
+}
+
 /// What the watch has seen, shared by the watch task and the driver.
 #[derive(Debug, Clone)]
 pub struct Tracker {
@@ -138,16 +144,18 @@ impl Tracker {
     /// `settled`, which have every condition of the PodProbeMarker).
     pub fn count_showing(&self, targets: &Targets, settled: bool) -> usize {
         let state = self.state.lock().unwrap();
-        state
-            .pods
-            .iter()
-            .enumerate()
-            .filter(|(i, s)| {
-                let want = Some(targets.is_healthy(*i));
-                s.condition == want
-                    && s.marker == want
-                    && (!settled || s.conditions == CONDITIONS.len())
-            })
+        (0..state.pods.len())
+            .filter(|&i| showing(&state.pods[i], targets.is_healthy(i), settled))
+            .count()
+    }
+
+    /// Pods without a flip in flight that do not show their target's state (or miss a
+    /// condition): wrong in a way no lost flip already counts.
+    pub fn count_wrong_without_flip(&self, targets: &Targets) -> usize {
+        let state = self.state.lock().unwrap();
+        (0..state.pods.len())
+            .filter(|i| !state.in_flight.contains_key(i))
+            .filter(|&i| !showing(&state.pods[i], targets.is_healthy(i), true))
             .count()
     }
 

@@ -14,7 +14,6 @@
 //! is marked → idle window → flipping window → drain → audit read → [`Report`].
 
 pub mod audit;
-pub mod binaries;
 pub mod cluster;
 pub mod flips;
 mod http;
@@ -181,7 +180,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     hosts.check_running()?;
-    let wrong_at_end = n - tracker.count_showing(&targets, true);
+    let wrong_at_end = tracker.count_wrong_without_flip(&targets);
     let (done, lost) = tracker.results();
     eprintln!(
         "fleet: {flips_made} flips, {} done, {} lost; reading the audit log",

@@ -23,8 +23,9 @@ pub struct Report {
     pub sidecars_per_process: usize,
     pub flip_percent: f64,
     pub flips: usize,
-    /// Flips whose marker never showed the new state, plus pods left showing a wrong state.
+    /// Flips whose marker never showed the new state, plus `wrong_at_end`.
     pub lost: usize,
+    /// Pods without a lost flip left showing a state their target does not have.
     pub wrong_at_end: usize,
     pub marker_latency_p50_ms: Option<f64>,
     pub marker_latency_p99_ms: Option<f64>,

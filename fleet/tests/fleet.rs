@@ -4,7 +4,7 @@
 //! second. Fails when a flip's marker never shows, or when a flip costs more than one status
 //! patch or more than one marker write.
 
-use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source, binaries};
+use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
@@ -23,7 +23,7 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
             exec: 5,
         },
         sidecar_host: env!("CARGO_BIN_EXE_podprobe-fleet-sidecars").into(),
-        manager_binary: binaries::build("podprobe-manager", "podprobe-manager"),
+        manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
     };
     let report = podprobe_fleet::run(&options)
         .await

@@ -37,6 +37,7 @@ pub mod store;
 pub mod strategic;
 mod table;
 pub mod validation;
+pub mod workspace;
 
 use std::collections::BTreeMap;
 use std::path::Path;

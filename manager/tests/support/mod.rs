@@ -396,31 +396,9 @@ pub async fn watch_until(
 }
 
 /// `target/<profile>/podprobe`, built if needed (`CARGO_BIN_EXE_podprobe` exists only in the
-/// root package's tests). The test executable lives in `target/<profile>/deps/`.
+/// root package's tests).
 pub fn sidecar_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let target_dir = profile_dir.parent().unwrap().to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "-q",
-            "-p",
-            "podprobe",
-            "--bin",
-            "podprobe",
-            "--manifest-path",
-        ])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", &target_dir)
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "cargo build -p podprobe failed");
-    let bin = profile_dir.join("podprobe");
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
+    testkit::workspace::binary("podprobe", "podprobe")
 }
 
 /// A running `podprobe run`; killed on drop, its log printed when the test failed.

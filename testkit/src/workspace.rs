@@ -1,13 +1,14 @@
-//! The binaries a run starts, built by cargo into the caller's own profile directory (a
-//! release bench runs release binaries, a debug test debug ones).
+//! This workspace's own binaries, built by cargo into the running executable's profile
+//! directory: a test (`target/<profile>/deps/…`) or an example (`target/<profile>/examples/…`)
+//! gets the binaries of the same profile, where `CARGO_BIN_EXE_<name>` exists only for the
+//! binaries of a test's own package.
 
 use std::path::{Path, PathBuf};
 
-/// Builds `bin` of `package` next to the running executable's profile and returns its path.
-/// Panics when cargo fails: nothing can run without it.
-pub fn build(package: &str, bin: &str) -> PathBuf {
+/// `target/<profile>/<bin>` of `package`, built if needed. Panics when cargo fails: nothing
+/// that asks for a binary can go on without it.
+pub fn binary(package: &str, bin: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/examples/x or target/<profile>/deps/x.
     let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir");
     let profile = profile_dir
         .file_name()
@@ -37,5 +38,11 @@ pub fn build(package: &str, bin: &str) -> PathBuf {
         status.success(),
         "cargo build -p {package} --bin {bin} failed"
     );
-    profile_dir.join(bin)
+    let path = profile_dir.join(bin);
+    assert!(
+        path.exists(),
+        "{} missing after cargo build",
+        path.display()
+    );
+    path
 }
