@@ -3,6 +3,9 @@
 //!     cargo run --release -p podprobe-fleet --example bench_fleet -- \
 //!         --pods 1000 --flip-percent 1 --seconds 60 --manager podprobe --source api
 //!
+//! With `--outage apiserver|etcd [--outage-after 30] [--outage-seconds 20]` it kills one of
+//! them during the flips and measures the recovery (docs/scale.md, "Outages").
+//!
 //! It builds `podprobe-fleet-sidecars` and `podprobe-manager` in its own profile
 //! (`testkit::workspace::binary`), prints a summary, appends the whole report to
 //! docs/perf/fleet.jsonl (what `cargo run --example plot_perf` plots), and prints the report
@@ -12,7 +15,10 @@ use std::io::Write;
 use std::path::Path;
 
 use clap::Parser;
-use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source};
+use std::time::Duration;
+
+use podprobe_fleet::outage::RECOVERY_WINDOW;
+use podprobe_fleet::{Fault, FleetOptions, ManagerKind, OutagePlan, Periods, Source};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -46,6 +52,16 @@ struct Args {
     tcp_period: u32,
     #[arg(long, default_value_t = 30)]
     exec_period: u32,
+    /// Kill kube-apiserver or etcd during the flips and start it again (issue 32).
+    #[arg(long, value_enum)]
+    outage: Option<Fault>,
+    /// Seconds from the first flip to the kill.
+    #[arg(long, default_value_t = 30)]
+    outage_after: u64,
+    /// Seconds from the kill to starting it again. The flipping window is lengthened to
+    /// cover the outage and the minute after recovery.
+    #[arg(long, default_value_t = 20)]
+    outage_seconds: u64,
     /// Label of this build in the CSV (e.g. `before`).
     #[arg(long, default_value = "this")]
     build: String,
@@ -59,10 +75,23 @@ async fn main() {
     } else {
         args.pods.div_ceil(200)
     });
+    let outage = args.outage.map(|fault| OutagePlan {
+        fault,
+        after: Duration::from_secs(args.outage_after),
+        length: Duration::from_secs(args.outage_seconds),
+        recovery_window: RECOVERY_WINDOW,
+    });
+    // Flips go on through the outage and the minute after recovery (plus restart time).
+    let seconds = match outage {
+        Some(_) => args
+            .seconds
+            .max(args.outage_after + args.outage_seconds + RECOVERY_WINDOW.as_secs() + 10),
+        None => args.seconds,
+    };
     let options = FleetOptions {
         pods: args.pods,
         flip_percent: args.flip_percent,
-        seconds: args.seconds,
+        seconds,
         idle_seconds: args.idle_seconds,
         manager: args.manager,
         source: args.source,
@@ -75,6 +104,7 @@ async fn main() {
         },
         sidecar_host: testkit::workspace::binary("podprobe-fleet", "podprobe-fleet-sidecars"),
         manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
+        outage,
     };
     eprintln!("bench_fleet: {options:?}");
     let report = match podprobe_fleet::run(&options).await {

@@ -32,7 +32,9 @@ pub struct FlipCost {
     pub at: Timestamp,
     pub status_patches: usize,
     pub marker_writes: usize,
-    /// From the answer to the status patch carrying the new state to the marker in the watch.
+    /// When the status patch carrying the new state was answered.
+    pub status_answered: Option<Timestamp>,
+    /// From that answer to the marker in the watch.
     pub marker_latency_ms: Option<f64>,
 }
 
@@ -139,6 +141,7 @@ impl Writes {
                     at: flip.at,
                     status_patches: 0,
                     marker_writes: 0,
+                    status_answered: None,
                     marker_latency_ms: None,
                 };
                 let mut answered = None;
@@ -153,6 +156,7 @@ impl Writes {
                         Write::Marker => cost.marker_writes += 1,
                     }
                 }
+                cost.status_answered = answered;
                 if let (Some(answered), Some(seen)) = (answered, flip.marker_seen) {
                     let ms = seen.duration_since(answered).as_secs_f64() * 1000.0;
                     cost.marker_latency_ms = Some(ms.max(0.0));

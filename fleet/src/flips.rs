@@ -159,6 +159,14 @@ impl Tracker {
             .count()
     }
 
+    /// Pods whose flipped condition does not show their target's state.
+    pub fn count_condition_wrong(&self, targets: &Targets) -> usize {
+        let state = self.state.lock().unwrap();
+        (0..state.pods.len())
+            .filter(|&i| state.pods[i].condition != Some(targets.is_healthy(i)))
+            .count()
+    }
+
     pub fn in_flight(&self) -> usize {
         self.state.lock().unwrap().in_flight.len()
     }

@@ -8,6 +8,7 @@
 //! - [`sidecars`]: the real sidecar code, hosted by `podprobe-fleet-sidecars` processes;
 //! - [`flips`]: flipping targets, watching conditions and markers follow;
 //! - [`audit`]: each flip's patches and the time its status patch was answered;
+//! - [`outage`]: an apiserver or etcd outage during the flips;
 //! - [`measure`], [`report`]: the figures.
 //!
 //! The run: pods created → baseline window (no sidecars) → sidecars started, until every pod
@@ -18,6 +19,7 @@ pub mod cluster;
 pub mod flips;
 mod http;
 pub mod measure;
+pub mod outage;
 pub mod pods;
 pub mod report;
 pub mod sidecars;
@@ -27,6 +29,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use cluster::{ManagerKind, Periods};
+pub use outage::{Fault, OutagePlan};
 pub use report::{Report, Source};
 
 /// Quiet time between start-up and the idle window.
@@ -70,6 +73,8 @@ pub struct FleetOptions {
     /// `podprobe-fleet-sidecars` and `podprobe-manager` to run.
     pub sidecar_host: PathBuf,
     pub manager_binary: PathBuf,
+    /// A fault during the flips (the flipping window should outlast its recovery window).
+    pub outage: Option<OutagePlan>,
 }
 
 /// Open files a production kube-apiserver may hold (containerd's and systemd units'
@@ -105,7 +110,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         .tempdir()?;
     let targets = targets::Targets::start(n).await?;
     let ports = (targets.http_port, targets.tcp_port);
-    let cluster = cluster::Cluster::start(
+    let mut cluster = cluster::Cluster::start(
         options.manager,
         &options.manager_binary,
         options.nodes,
@@ -165,22 +170,35 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     );
 
     let before = measure::sample(&cluster, &processes).await?;
-    let flips_made =
-        flips::drive(&targets, &tracker, n, options.flip_percent, options.seconds).await;
-    let flipping = measure::window(
-        &before,
-        &measure::sample(&cluster, &processes).await?,
-        &processes,
-        n,
-    );
-    // The last flips need a probe period to be seen, then a patch and a marker.
-    let drain = Duration::from_secs(u64::from(options.periods.http) * 3 + 30);
+    let flipping = flips::drive(&targets, &tracker, n, options.flip_percent, options.seconds);
+    let (flips_made, flipping, mut outage) = match options.outage {
+        None => {
+            let made = flipping.await;
+            let after = measure::sample(&cluster, &processes).await?;
+            (made, measure::window(&before, &after, &processes, n), None)
+        }
+        Some(plan) => {
+            let fault = outage::inject(&mut cluster, &processes, &before, plan, n);
+            let (made, injected) = tokio::join!(flipping, fault);
+            let (window, report) = injected?;
+            (made, window, Some(report))
+        }
+    };
+    // The last flips need a probe period to be seen, then a patch and a marker; after an
+    // outage the manager's and this bench's watches come back on their own backoff.
+    let drain = Duration::from_secs(u64::from(options.periods.http) * 3 + 30)
+        + if outage.is_some() {
+            Duration::from_secs(120)
+        } else {
+            Duration::ZERO
+        };
     let deadline = Instant::now() + drain;
     while tracker.in_flight() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     hosts.check_running()?;
     let wrong_at_end = tracker.count_wrong_without_flip(&targets);
+    let conditions_wrong_at_end = tracker.count_condition_wrong(&targets);
     let (done, lost) = tracker.results();
     eprintln!(
         "fleet: {flips_made} flips, {} done, {} lost; reading the audit log",
@@ -213,6 +231,11 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
             writes.describe(cost.pod, cost.at)
         );
     }
+    if let Some(report) = &mut outage {
+        // A flip's result is known within a period, a timeout and a second of slack.
+        let known = Duration::from_secs(u64::from(options.periods.http) + 2);
+        outage::delivery(report, &all, &costs, known);
+    }
     let mut latencies: Vec<f64> = costs.iter().filter_map(|c| c.marker_latency_ms).collect();
     let flips = all.len().max(1) as f64;
     Ok(Report {
@@ -224,6 +247,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         flips: all.len(),
         lost: lost.len() + wrong_at_end,
         wrong_at_end,
+        conditions_wrong_at_end,
         marker_latency_p50_ms: report::percentile(&mut latencies, 0.5),
         marker_latency_p99_ms: report::percentile(&mut latencies, 0.99),
         marker_latency_max_ms: report::percentile(&mut latencies, 1.0),
@@ -241,6 +265,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         baseline,
         idle,
         flipping,
+        outage,
     })
 }
 

@@ -44,6 +44,13 @@ pub struct Sample {
     etcd_metrics: String,
 }
 
+impl Sample {
+    /// The apiserver's `/metrics` text at this reading.
+    pub fn metrics(&self) -> &str {
+        &self.metrics
+    }
+}
+
 pub async fn sample(cluster: &Cluster, processes: &Processes) -> Result<Sample, FleetError> {
     let metrics = cluster.cp.metrics().await?;
     let etcd: SocketAddr = cluster

@@ -2,6 +2,7 @@
 
 use crate::cluster::ManagerKind;
 use crate::measure::Window;
+use crate::outage::OutageReport;
 
 /// Where the sidecars read their probes.
 #[derive(
@@ -27,6 +28,9 @@ pub struct Report {
     pub lost: usize,
     /// Pods without a lost flip left showing a state their target does not have.
     pub wrong_at_end: usize,
+    /// Pods whose flipped condition at the end is not their target's state: a lost transition
+    /// (whatever the marker shows).
+    pub conditions_wrong_at_end: usize,
     pub marker_latency_p50_ms: Option<f64>,
     pub marker_latency_p99_ms: Option<f64>,
     pub marker_latency_max_ms: Option<f64>,
@@ -47,7 +51,9 @@ pub struct Report {
     pub baseline: Window,
     /// Every sidecar running, nothing flipping.
     pub idle: Window,
+    /// Up to the outage when there is one.
     pub flipping: Window,
+    pub outage: Option<OutageReport>,
 }
 
 /// `q` (0..1) of `values` by nearest rank; `None` when empty.
@@ -112,6 +118,24 @@ impl Report {
                 per_1000(w.sidecars_cpu_cores),
                 w.pod_watchers,
                 requests,
+            ));
+        }
+        if let Some(o) = &self.outage {
+            let requests: f64 = o.after_recovery.requests_per_second.values().sum();
+            out.push_str(&format!(
+                "outage ({:?}) {:.1} s: {} conditions wrong at the end; {} flips pending at recovery, {} never delivered, delivered after ready p50 {} p99 {} max {}; every pod watch back {}; minute after: apiserver {:.3} cores, {:.0} req/s, {:.0} answered 429\n",
+                o.fault,
+                o.outage_seconds,
+                self.conditions_wrong_at_end,
+                o.pending_at_recovery,
+                o.undelivered,
+                ms(o.delivery_p50_ms),
+                ms(o.delivery_p99_ms),
+                ms(o.delivery_max_ms),
+                o.watches_back_seconds.map_or("not within the window".to_owned(), |s| format!("{s:.1} s after ready")),
+                o.after_recovery.apiserver_cpu_cores,
+                requests,
+                o.throttled_after_recovery,
             ));
         }
         out.push_str("requests per pod during start-up:");

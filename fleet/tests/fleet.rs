@@ -24,6 +24,7 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
         },
         sidecar_host: env!("CARGO_BIN_EXE_podprobe-fleet-sidecars").into(),
         manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
+        outage: None,
     };
     let report = podprobe_fleet::run(&options)
         .await

@@ -283,6 +283,31 @@ impl ControlPlane {
         }
     }
 
+    /// Kills kube-apiserver (SIGKILL, as a crash would); [`ControlPlane::start_apiserver_again`]
+    /// brings it back on the same port, etcd and certificates.
+    pub fn kill_apiserver(&mut self) {
+        self.apiserver.kill();
+    }
+
+    /// Starts kube-apiserver again after [`ControlPlane::kill_apiserver`] and waits for `/readyz`.
+    pub async fn start_apiserver_again(&mut self) -> Result<(), Error> {
+        self.apiserver.start_again()?;
+        self.wait_ready().await
+    }
+
+    /// Kills etcd under a running apiserver, which then answers with errors and timeouts;
+    /// [`ControlPlane::start_etcd_again`] brings it back on its data directory.
+    pub fn kill_etcd(&mut self) {
+        self.etcd.kill();
+    }
+
+    /// Starts etcd again after [`ControlPlane::kill_etcd`] and waits until the apiserver is
+    /// ready again (its `/readyz` checks etcd).
+    pub async fn start_etcd_again(&mut self) -> Result<(), Error> {
+        self.etcd.start_again()?;
+        self.wait_ready().await
+    }
+
     /// Starts kube-controller-manager with only `controllers` (e.g.
     /// `validatingadmissionpolicy-status-controller`, which type-checks policies and writes
     /// their status: kube-apiserver does not). It runs as the admin until the control plane

@@ -13,6 +13,9 @@ pub struct Daemon {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    /// How it was started, to start it again ([`Daemon::start_again`]).
+    command: Vec<std::ffi::OsString>,
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -48,26 +51,62 @@ impl Daemon {
         env: &[(&str, String)],
         log: PathBuf,
     ) -> Result<Daemon, Error> {
-        let out = File::create(&log)?;
-        let err = out.try_clone()?;
-        let mut command = Command::new("setpriv");
-        command.args(["--pdeathsig", "KILL", "--"]);
+        let mut command: Vec<std::ffi::OsString> =
+            vec!["--pdeathsig".into(), "KILL".into(), "--".into()];
         if let Some(netns) = netns {
-            command
-                .arg("nsenter")
-                .arg(format!("--net=/run/netns/{netns}"))
-                .arg("--");
+            command.extend([
+                "nsenter".into(),
+                format!("--net=/run/netns/{netns}").into(),
+                "--".into(),
+            ]);
         }
-        let child = command
-            .arg(program)
-            .args(args)
+        command.push(program.into());
+        command.extend(args.iter().map(Into::into));
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        let child = Self::launch(name, &command, &env, File::create(&log)?)?;
+        Ok(Daemon {
+            name,
+            child,
+            log,
+            command,
+            env,
+        })
+    }
+
+    fn launch(
+        name: &'static str,
+        command: &[std::ffi::OsString],
+        env: &[(String, String)],
+        out: File,
+    ) -> Result<Child, Error> {
+        let err = out.try_clone()?;
+        Command::new("setpriv")
+            .args(command)
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| Error::Start(name, format!("{}: {e}", program.display())))?;
-        Ok(Daemon { name, child, log })
+            .map_err(|e| Error::Start(name, format!("{command:?}: {e}")))
+    }
+
+    /// Kills the process as a crash or an OOM kill would (SIGKILL: no graceful shutdown, its
+    /// clients' connections reset) and waits until it is gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again with the same command line and environment (after [`Daemon::kill`]);
+    /// its output goes on in the same log.
+    pub fn start_again(&mut self) -> Result<(), Error> {
+        self.kill();
+        let log = std::fs::OpenOptions::new().append(true).open(&self.log)?;
+        self.child = Self::launch(self.name, &self.command, &self.env, log)?;
+        Ok(())
     }
 
     /// `Some(status)` when the process has exited.
