@@ -11,12 +11,18 @@ use std::path::PathBuf;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use std::time::Duration;
+
+use backon::BackoffBuilder;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
+use tokio::time::Instant;
+
 use crate::annotation::{self, PODPROBE_ANNOTATION, PodContainers};
+use crate::condition::writer::ApiserverAnswered;
 use crate::runner::ContainerView;
 
 /// Where the pod's annotation comes from.
@@ -223,17 +229,35 @@ pub async fn choose_source(
 }
 
 /// Watches this pod through the apiserver (field selector on its name, its namespace only;
-/// kube-rs's watcher with backoff) and publishes views. Pods with another uid (a same-named
-/// replacement) are not ours and are ignored. Returns when the pod is deleted.
-pub async fn watch_api(client: Client, identity: PodIdentity, tx: watch::Sender<PodView>) {
+/// kube-rs's watcher with [`WatchBackoff`]) and publishes views. Pods with another uid (a
+/// same-named replacement) are not ours and are ignored. When the apiserver answers again
+/// after the watch failed, `answered` releases writes waiting out their backoff. Returns when
+/// the pod is deleted.
+pub async fn watch_api(
+    client: Client,
+    identity: PodIdentity,
+    tx: watch::Sender<PodView>,
+    answered: ApiserverAnswered,
+) {
     let pods: Api<Pod> = Api::namespaced(client, &identity.namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", identity.name));
     let mut our_uid = identity.uid.clone();
-    let mut events = std::pin::pin!(watcher(pods, config).default_backoff());
+    let mut failing = FailingWatch::default();
+    let mut events = std::pin::pin!(watcher(pods, config).backoff(WatchBackoff::default()));
     while let Some(event) = events.next().await {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                failing.failed(&identity.name, &e);
+                continue;
+            }
+        };
+        if failing.answered(&identity.name) {
+            answered.notify();
+        }
         let pod = match event {
-            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
-            Ok(watcher::Event::Delete(pod)) => {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => pod,
+            watcher::Event::Delete(pod) => {
                 if our_uid.is_none() || pod.metadata.uid == our_uid {
                     tracing::info!(pod = %identity.name, "pod deleted; stopping");
                     tx.send_modify(|v| v.terminating = true);
@@ -241,11 +265,7 @@ pub async fn watch_api(client: Client, identity: PodIdentity, tx: watch::Sender<
                 }
                 continue;
             }
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
-            Err(e) => {
-                tracing::warn!(pod = %identity.name, "watching the pod failed, retrying with backoff: {e}");
-                continue;
-            }
+            watcher::Event::Init | watcher::Event::InitDone => continue,
         };
         match (&our_uid, &pod.metadata.uid) {
             (Some(ours), Some(theirs)) if ours != theirs => {
@@ -266,5 +286,80 @@ pub async fn watch_api(client: Client, identity: PodIdentity, tx: watch::Sender<
             *current = view;
             changed
         });
+    }
+}
+
+/// The pod watch's backoff after a failure: 0.5 s doubling to 2 s, each wait lengthened by up
+/// to itself at random (backon's jitter), so at most 4 s; reset by kube-rs on the next event.
+/// kube-rs's default (0.8 s doubling to 30 s, up to 60 s with jitter) left watches away for a
+/// minute after a 20 s outage (docs/scale.md, "Outages"); a LIST and WATCH of one pod by name
+/// from the watch cache is what the kubelet's own reflectors do by the thousand.
+#[derive(Debug)]
+pub struct WatchBackoff {
+    builder: backon::ExponentialBuilder,
+    current: backon::ExponentialBackoff,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        let builder = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(500))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter()
+            .without_max_times();
+        WatchBackoff {
+            current: builder.build(),
+            builder,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        self.current.next()
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.current = self.builder.build();
+    }
+}
+
+/// The watch's failures in a row: one warning when it starts failing, one per minute while it
+/// goes on, one line when it is back.
+#[derive(Debug, Default)]
+struct FailingWatch {
+    since: Option<(Instant, u32)>,
+    logged_at: Option<Instant>,
+}
+
+impl FailingWatch {
+    fn failed(&mut self, pod: &str, error: &watcher::Error) {
+        let now = Instant::now();
+        let (since, attempts) = self.since.get_or_insert((now, 0));
+        *attempts += 1;
+        let (since, attempts) = (*since, *attempts);
+        if self
+            .logged_at
+            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(60))
+        {
+            self.logged_at = Some(now);
+            tracing::warn!(pod = %pod, "watching the pod failed ({attempts} attempts over {:.0?}), retrying with backoff: {error}", now.duration_since(since));
+        } else {
+            tracing::debug!(pod = %pod, "watching the pod failed, retrying with backoff: {error}");
+        }
+    }
+
+    /// Records an answer; whether the watch was failing until now.
+    fn answered(&mut self, pod: &str) -> bool {
+        self.logged_at = None;
+        let Some((since, attempts)) = self.since.take() else {
+            return false;
+        };
+        tracing::info!(pod = %pod, "the apiserver answers the pod watch again after {attempts} failed attempts over {:.1?}", since.elapsed());
+        true
     }
 }

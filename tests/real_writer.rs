@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
-use podprobe::condition::writer::{ConditionWriter, WriterConfig};
+use podprobe::condition::writer::{ApiserverAnswered, ConditionWriter, WriterConfig};
 use podprobe::metrics::Metrics;
 use serde_json::json;
 use support::real::RealCluster;
@@ -33,10 +33,17 @@ async fn writer_for_new_pod(cluster: &RealCluster) -> Writing {
         coalesce: Duration::from_millis(50),
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(400),
+        unavailable_backoff_max: Duration::from_millis(400),
     };
     let metrics = Metrics::new();
-    let (writer, task) =
-        ConditionWriter::spawn(cluster.pods(), "w".into(), uid, config, metrics.clone());
+    let (writer, task) = ConditionWriter::spawn(
+        cluster.pods(),
+        "w".into(),
+        uid,
+        config,
+        metrics.clone(),
+        ApiserverAnswered::default(),
+    );
     Writing {
         writer,
         metrics,

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use rand::seq::SliceRandom;
 
 use crate::cluster::{CONDITION, CONDITIONS, MARKER, NS};
@@ -73,8 +73,11 @@ impl Tracker {
         let api: Api<Pod> = Api::namespaced(client, NS);
         let seen = tracker.clone();
         let task = tokio::spawn(async move {
-            let mut events =
-                std::pin::pin!(watcher(api, watcher::Config::default().labels("app=fleet")));
+            // The sidecar's own backoff: after an outage this watch comes back within seconds.
+            let config = watcher::Config::default().labels("app=fleet");
+            let mut events = std::pin::pin!(
+                watcher(api, config).backoff(podprobe::pod::WatchBackoff::default())
+            );
             while let Some(event) = events.next().await {
                 match event {
                     Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {

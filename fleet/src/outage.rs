@@ -120,8 +120,9 @@ pub async fn inject(
                 &[("verb", "WATCH"), ("resource", "pods"), ("subresource", "")],
             );
             if served >= flipping.pod_watchers {
-                watches_back_seconds = Some(ready.elapsed().as_secs_f64());
-                eprintln!("fleet: every pod watch back {watches_back_seconds:.1?} s after ready");
+                let back = ready.elapsed().as_secs_f64();
+                watches_back_seconds = Some(back);
+                eprintln!("fleet: every pod watch back {back:.1} s after ready");
             }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;

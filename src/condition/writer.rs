@@ -28,7 +28,14 @@ pub struct WriterConfig {
     /// Changes arriving within this window after the first go out in one patch.
     pub coalesce: Duration,
     pub backoff_min: Duration,
+    /// Cap of the backoff after the apiserver refused a write (4xx): retrying sooner would
+    /// only be refused again.
     pub backoff_max: Duration,
+    /// Cap of the backoff while the apiserver cannot answer (connection refused or reset,
+    /// timeouts, 5xx, 429 without Retry-After): short, so that pending results follow the
+    /// apiserver's recovery rather than a backoff grown during the outage. A refused
+    /// connection costs the apiserver nothing; see docs/protocol.md, "Outages".
+    pub unavailable_backoff_max: Duration,
 }
 
 impl Default for WriterConfig {
@@ -37,9 +44,33 @@ impl Default for WriterConfig {
             coalesce: Duration::from_millis(200),
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(60),
+            unavailable_backoff_max: Duration::from_secs(4),
         }
     }
 }
+
+/// Says the apiserver answered this sidecar again (its pod watch came back): a write waiting
+/// out a backoff after the apiserver could not answer goes out now, after a short spread.
+#[derive(Debug, Clone, Default)]
+pub struct ApiserverAnswered(Arc<Notify>);
+
+impl ApiserverAnswered {
+    pub fn notify(&self) {
+        // Only writes waiting now: an answer long before a later failure says nothing of it.
+        self.0.notify_waiters();
+    }
+
+    async fn notified(&self) {
+        self.0.notified().await;
+    }
+}
+
+/// How far the writes released by [`ApiserverAnswered`] are spread: pods whose watches come
+/// back in the same instant do not all write in it.
+const RELEASE_SPREAD: Duration = Duration::from_secs(1);
+
+/// While writes keep failing, one warning per this interval (the first at once).
+const FAILING_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// One change to one condition of the pod: what a patch carries per condition type.
 #[derive(Debug, Clone, PartialEq)]
@@ -190,6 +221,7 @@ impl ConditionWriter {
         uid: watch::Receiver<Option<String>>,
         config: WriterConfig,
         metrics: Metrics,
+        answered: ApiserverAnswered,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let shared = Arc::new(Shared::default());
         let writer = WriteLoop {
@@ -199,9 +231,11 @@ impl ConditionWriter {
             config,
             metrics,
             shared: shared.clone(),
+            answered,
             backoff: config.backoff_min,
             coalesce: true,
             isolate: false,
+            failing: None,
         };
         (ConditionWriter { shared }, tokio::spawn(writer.run()))
     }
@@ -277,12 +311,22 @@ struct WriteLoop {
     config: WriterConfig,
     metrics: Metrics,
     shared: Arc<Shared>,
+    answered: ApiserverAnswered,
     backoff: Duration,
+    failing: Option<Failing>,
     /// Wait the coalescing window before the next patch (not when retrying or isolating).
     coalesce: bool,
     /// After a 422 for a batch: send one condition per patch until the pending set drains, so
     /// the one the apiserver refuses cannot hold back the others.
     isolate: bool,
+}
+
+/// Writes failing in a row, for logs that say what happened without a line per attempt.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    since: Instant,
+    attempts: u32,
+    logged_at: Instant,
 }
 
 /// What the loop should do next.
@@ -372,6 +416,11 @@ impl WriteLoop {
     fn accepted(&mut self, batch: &[ConditionWrite]) {
         self.metrics.write_ok();
         let types: Vec<&str> = batch.iter().map(ConditionWrite::condition_type).collect();
+        if let Some(failing) = self.failing.take() {
+            tracing::info!(pod = %self.name, conditions = ?types,
+                "conditions written again after {} failed attempts over {:.1?}",
+                failing.attempts, failing.since.elapsed());
+        }
         tracing::debug!(pod = %self.name, conditions = ?types, "conditions written");
         let mut state = lock(&self.shared);
         state.landed(batch);
@@ -421,11 +470,48 @@ impl WriteLoop {
         }
         let (code, retry_after) = classify(error);
         self.metrics.write_error(code);
-        tracing::warn!(pod = %self.name, "{}", explain(&self.name, code, error));
-        let wait = retry_after.unwrap_or_else(|| jitter(self.backoff));
-        self.backoff = (self.backoff * 2).min(self.config.backoff_max);
+        self.log_failure(code, error);
+        let unavailable = code.is_none_or(|c| c >= 500 || c == 429);
+        let cap = if unavailable {
+            self.config.unavailable_backoff_max
+        } else {
+            self.config.backoff_max
+        };
+        let wait = retry_after.unwrap_or_else(|| jitter(self.backoff.min(cap)));
+        self.backoff = (self.backoff * 2).min(cap);
         self.coalesce = false;
-        tokio::time::sleep(wait).await;
+        if !unavailable || retry_after.is_some() {
+            tokio::time::sleep(wait).await;
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = self.answered.notified() => {
+                tokio::time::sleep(RELEASE_SPREAD.mul_f64(rand::random::<f64>())).await;
+            }
+        }
+    }
+
+    /// The first failure in a row at once, then one line per [`FAILING_LOG_INTERVAL`]:
+    /// during an outage every pod retries every few seconds.
+    fn log_failure(&mut self, code: Option<u16>, error: &kube::Error) {
+        let now = Instant::now();
+        let failing = self.failing.get_or_insert(Failing {
+            since: now,
+            attempts: 0,
+            logged_at: now,
+        });
+        failing.attempts += 1;
+        let message = explain(&self.name, code, error);
+        if failing.attempts == 1 {
+            tracing::warn!(pod = %self.name, "{message}");
+        } else if now.duration_since(failing.logged_at) >= FAILING_LOG_INTERVAL {
+            failing.logged_at = now;
+            tracing::warn!(pod = %self.name, "still failing after {} attempts over {:.0?}: {message}",
+                failing.attempts, now.duration_since(failing.since));
+        } else {
+            tracing::debug!(pod = %self.name, "{message}");
+        }
     }
 }
 
@@ -538,6 +624,82 @@ mod tests {
         state.queue(ConditionWrite::Delete("a".into()));
         requeue(&mut state.pending, batch);
         assert_eq!(state.pending["a"], ConditionWrite::Delete("a".into()));
+    }
+
+    /// Pods of an apiserver that is not there (a port nothing listens on): every patch fails
+    /// to connect, as during an outage.
+    fn unreachable_pods() -> Api<Pod> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let url = format!("http://127.0.0.1:{port}").parse().unwrap();
+        let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
+        Api::namespaced(client, "games")
+    }
+
+    fn transport_errors(metrics: &Metrics) -> u64 {
+        metrics
+            .encode()
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"podprobe_status_write_errors_total{code="transport"} "#)
+            })
+            .map_or(0, |n| n.trim().parse().unwrap())
+    }
+
+    fn start(config: WriterConfig, answered: ApiserverAnswered) -> (ConditionWriter, Metrics) {
+        let metrics = Metrics::new();
+        let uid = watch::channel(Some("u".to_owned())).1;
+        let (writer, _task) = ConditionWriter::spawn(
+            unreachable_pods(),
+            "p".into(),
+            uid,
+            config,
+            metrics.clone(),
+            answered,
+        );
+        let ConditionWrite::Set(condition) = set("a", "m") else {
+            unreachable!()
+        };
+        writer.submit(condition);
+        (writer, metrics)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn while_the_apiserver_cannot_answer_a_write_is_retried_every_few_seconds() {
+        let (_writer, metrics) = start(WriterConfig::default(), ApiserverAnswered::default());
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        // 200 ms doubling to the 4 s cap, each wait at least half its step: over 30 attempts
+        // in 2 minutes (the 60 s cap of refusals makes about 10).
+        let attempts = transport_errors(&metrics);
+        assert!(
+            (30..=130).contains(&attempts),
+            "{attempts} attempts in 120 s"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_from_the_apiserver_releases_a_waiting_write_at_once() {
+        let answered = ApiserverAnswered::default();
+        // A first backoff long enough that, without the release, the second attempt would
+        // come 15–30 s after the first.
+        let config = WriterConfig {
+            backoff_min: Duration::from_secs(30),
+            unavailable_backoff_max: Duration::from_secs(60),
+            ..WriterConfig::default()
+        };
+        let (_writer, metrics) = start(config, answered.clone());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before = transport_errors(&metrics);
+        assert_eq!(before, 1, "the first attempt");
+        answered.notify();
+        tokio::time::sleep(RELEASE_SPREAD + Duration::from_millis(100)).await;
+        assert_eq!(
+            transport_errors(&metrics),
+            before + 1,
+            "the answer did not release the waiting write within {RELEASE_SPREAD:?}"
+        );
     }
 
     #[test]

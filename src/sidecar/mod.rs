@@ -14,6 +14,7 @@ use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::condition::writer::ApiserverAnswered;
 use crate::events::EventSink;
 use crate::metrics::Metrics;
 use crate::pod::{self, PodIdentity, PodView, SourceKind};
@@ -114,8 +115,9 @@ async fn run_with(
              will be written; set POD_UID from the downward API (fieldPath: metadata.uid)"
         );
     }
-    let (source_task, views) = start_source(source, &client, &options, &metrics);
-    let (mut sidecar, reports) = Sidecar::new(&client, options, metrics);
+    let answered = ApiserverAnswered::default();
+    let (source_task, views) = start_source(source, &client, &options, &metrics, &answered);
+    let (mut sidecar, reports) = Sidecar::new(&client, options, metrics, answered);
     sidecar.run_until(views, reports, shutdown).await;
 
     tracing::info!("SIGTERM: stopping probes and flushing pending condition writes");
@@ -130,6 +132,7 @@ fn start_source(
     client: &Client,
     options: &SidecarOptions,
     metrics: &Metrics,
+    answered: &ApiserverAnswered,
 ) -> (tokio::task::JoinHandle<()>, watch::Receiver<PodView>) {
     let (view_tx, view_rx) = watch::channel(PodView::default());
     let task = match source {
@@ -137,6 +140,7 @@ fn start_source(
             client.clone(),
             options.identity.clone(),
             view_tx,
+            answered.clone(),
         )),
         _ => tokio::spawn(pod::watch_file(
             options.annotations_file.clone(),

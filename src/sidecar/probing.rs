@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::repair::{Repairs, Seen};
 use super::{SidecarOptions, event_sink, refresh_check_period};
 use crate::annotation::{self, PodContainers};
-use crate::condition::writer::{ConditionWriter, WriterConfig};
+use crate::condition::writer::{ApiserverAnswered, ConditionWriter, WriterConfig};
 use crate::condition::{ConditionBook, FIELD_MANAGER};
 use crate::events::EventSink;
 use crate::metrics::Metrics;
@@ -49,6 +49,7 @@ impl Sidecar {
         client: &Client,
         options: SidecarOptions,
         metrics: Metrics,
+        answered: ApiserverAnswered,
     ) -> (Self, mpsc::Receiver<WorkerReport>) {
         let identity = &options.identity;
         let (uid, uid_rx) = watch::channel(identity.uid.clone());
@@ -62,6 +63,7 @@ impl Sidecar {
                 ..WriterConfig::default()
             },
             metrics.clone(),
+            answered,
         );
         let exec = ExecConfig {
             mode: options.exec_mode,
