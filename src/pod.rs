@@ -291,9 +291,11 @@ pub async fn watch_api(
 
 /// The pod watch's backoff after a failure: 0.5 s doubling to 2 s, each wait lengthened by up
 /// to itself at random (backon's jitter), so at most 4 s; reset by kube-rs on the next event.
-/// kube-rs's default (0.8 s doubling to 30 s, up to 60 s with jitter) left watches away for a
-/// minute after a 20 s outage (docs/scale.md, "Outages"); a LIST and WATCH of one pod by name
-/// from the watch cache is what the kubelet's own reflectors do by the thousand.
+/// kube-rs's default (0.8 s doubling to 30 s, up to 60 s with jitter) left watches away for
+/// more than a minute after a 20 s outage; with at most 4 s, 1 000 sidecars' watches were back
+/// within 7 s, where at most 20 s took 37 s (a watch may need two rounds: the re-watch the
+/// restarted apiserver answers 410, then the re-list). See docs/scale.md, "Outages", for what
+/// it costs at 5 000 pods.
 #[derive(Debug)]
 pub struct WatchBackoff {
     builder: backon::ExponentialBuilder,
