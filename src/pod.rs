@@ -7,18 +7,16 @@ pub use file::{read_annotations_file, watch_file};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use std::time::Duration;
 
 use backon::BackoffBuilder;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
-
 use tokio::time::Instant;
 
 use crate::annotation::{self, PODPROBE_ANNOTATION, PodContainers};
