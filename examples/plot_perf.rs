@@ -192,13 +192,13 @@ fn main() -> Plot {
 }
 
 /// `docs/perf/fleet.jsonl`: one `{"build", "report"}` object per bench_fleet run; the runs of
-/// build `this`.
+/// build `this` without an outage (an outage run's windows are cut short by it).
 fn fleet_reports() -> Option<Vec<Value>> {
     let text = read_figures("fleet.jsonl")?;
     Some(
         text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["build"] == "this")
+            .filter(|v| v["build"] == "this" && v["report"]["outage"].is_null())
             .map(|v| v["report"].clone())
             .collect(),
     )

@@ -234,7 +234,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     if let Some(report) = &mut outage {
         // A flip's result is known within a period, a timeout and a second of slack.
         let known = Duration::from_secs(u64::from(options.periods.http) + 2);
-        outage::delivery(report, &all, &costs, known);
+        outage::delivery(report, &costs, known);
     }
     let mut latencies: Vec<f64> = costs.iter().filter_map(|c| c.marker_latency_ms).collect();
     let flips = all.len().max(1) as f64;

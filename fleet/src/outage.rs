@@ -13,7 +13,6 @@ use testkit::real::metrics;
 use crate::FleetError;
 use crate::audit::FlipCost;
 use crate::cluster::Cluster;
-use crate::flips::Flip;
 use crate::measure::{self, Processes, Sample, Window};
 use crate::report::percentile;
 
@@ -151,26 +150,16 @@ pub async fn inject(
     ))
 }
 
-/// Fills in which flips were pending at recovery and when each was delivered. A flip was
-/// pending when its result was known before the apiserver was ready again (made at least
-/// `result_known` before) and its status patch was not answered before the kill.
-pub fn delivery(
-    report: &mut OutageReport,
-    flips: &[Flip],
-    costs: &[FlipCost],
-    result_known: Duration,
-) {
+/// Fills in which flips were pending at recovery and when each was delivered, from every
+/// flip's cost. A flip was pending when its result was known before the apiserver was ready
+/// again (made at least `result_known` before) and its status patch was not answered before
+/// the kill.
+pub fn delivery(report: &mut OutageReport, costs: &[FlipCost], result_known: Duration) {
     let known_by =
         report.ready_at - jiff::SignedDuration::try_from(result_known).unwrap_or_default();
     let mut delays = Vec::new();
     let mut undelivered = 0;
-    for cost in costs {
-        let Some(flip) = flips.iter().find(|f| f.pod == cost.pod && f.at == cost.at) else {
-            continue;
-        };
-        if flip.at > known_by {
-            continue;
-        }
+    for cost in costs.iter().filter(|c| c.at <= known_by) {
         match cost.status_answered {
             Some(answered) if answered < report.down_at => {}
             Some(answered) => delays

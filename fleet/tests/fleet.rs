@@ -4,28 +4,11 @@
 //! second. Fails when a flip's marker never shows, or when a flip costs more than one status
 //! patch or more than one marker write.
 
-use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source};
+mod support;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
-    let options = FleetOptions {
-        pods: 200,
-        flip_percent: 5.0,
-        seconds: 10,
-        idle_seconds: 2,
-        manager: ManagerKind::Podprobe,
-        source: Source::Api,
-        sidecars_per_process: 20,
-        nodes: 4,
-        periods: Periods {
-            http: 1,
-            tcp: 5,
-            exec: 5,
-        },
-        sidecar_host: env!("CARGO_BIN_EXE_podprobe-fleet-sidecars").into(),
-        manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
-        outage: None,
-    };
+    let options = support::small_fleet(200, 20, 10);
     let report = podprobe_fleet::run(&options)
         .await
         .unwrap_or_else(|e| panic!("fleet run: {e}"));

@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use podprobe_fleet::{Fault, FleetOptions, ManagerKind, OutagePlan, Periods, Source};
+mod support;
+
+use podprobe_fleet::{Fault, FleetOptions, OutagePlan};
 
 /// The goal: every pending condition written within 5 s (p99) of ready.
 const DELIVERY_BOUND_MS: f64 = 5_000.0;
@@ -21,23 +23,10 @@ async fn a_20_s_apiserver_outage_under_100_sidecars_loses_nothing_and_recovers_i
         length: Duration::from_secs(20),
         recovery_window: Duration::from_secs(20),
     };
+    let seconds = (plan.after + plan.length + plan.recovery_window).as_secs() + 5;
     let options = FleetOptions {
-        pods: 100,
-        flip_percent: 5.0,
-        seconds: (plan.after + plan.length + plan.recovery_window).as_secs() + 5,
-        idle_seconds: 2,
-        manager: ManagerKind::Podprobe,
-        source: Source::Api,
-        sidecars_per_process: 10,
-        nodes: 4,
-        periods: Periods {
-            http: 1,
-            tcp: 5,
-            exec: 5,
-        },
-        sidecar_host: env!("CARGO_BIN_EXE_podprobe-fleet-sidecars").into(),
-        manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
         outage: Some(plan),
+        ..support::small_fleet(100, 10, seconds)
     };
     let report = podprobe_fleet::run(&options)
         .await
