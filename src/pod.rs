@@ -363,3 +363,35 @@ impl FailingWatch {
         true
     }
 }
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+
+    #[test]
+    fn the_watch_retries_within_4_s_and_starts_over_after_an_answer() {
+        let mut backoff = WatchBackoff::default();
+        let waits: Vec<Duration> = (0..30).map(|_| backoff.next().unwrap()).collect();
+        assert!(
+            waits.iter().all(|w| *w <= Duration::from_secs(4)),
+            "{waits:?}"
+        );
+        assert!(
+            waits.iter().any(|w| *w >= Duration::from_secs(2)),
+            "{waits:?}"
+        );
+        backoff.reset();
+        assert!(backoff.next().unwrap() <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn only_the_first_answer_after_failures_releases_writes() {
+        let mut failing = FailingWatch::default();
+        assert!(!failing.answered("p"), "nothing failed");
+        failing.failed("p", &watcher::Error::NoResourceVersion);
+        failing.failed("p", &watcher::Error::NoResourceVersion);
+        assert!(failing.answered("p"));
+        assert!(!failing.answered("p"), "already answered");
+    }
+}

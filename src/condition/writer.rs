@@ -471,7 +471,7 @@ impl WriteLoop {
         let (code, retry_after) = classify(error);
         self.metrics.write_error(code);
         self.log_failure(code, error);
-        let unavailable = code.is_none_or(|c| c >= 500 || c == 429);
+        let unavailable = cannot_answer(code);
         let cap = if unavailable {
             self.config.unavailable_backoff_max
         } else {
@@ -513,6 +513,13 @@ impl WriteLoop {
             tracing::debug!(pod = %self.name, "{message}");
         }
     }
+}
+
+/// Whether a failure says the apiserver could not answer (no answer at all, 5xx, 429) rather
+/// than refused the write (other 4xx): the former is retried within
+/// [`WriterConfig::unavailable_backoff_max`].
+fn cannot_answer(code: Option<u16>) -> bool {
+    code.is_none_or(|c| c >= 500 || c == 429)
 }
 
 /// Puts a failed batch back, except where a newer condition of the same type arrived meanwhile.
@@ -664,6 +671,24 @@ mod tests {
         };
         writer.submit(condition);
         (writer, metrics)
+    }
+
+    #[test]
+    fn only_failures_without_an_answer_get_the_short_backoff() {
+        for code in [None, Some(429), Some(500), Some(503), Some(504)] {
+            assert!(cannot_answer(code), "{code:?}");
+        }
+        // Refusals: retrying sooner would only be refused again.
+        for code in [
+            Some(400),
+            Some(401),
+            Some(403),
+            Some(404),
+            Some(409),
+            Some(422),
+        ] {
+            assert!(!cannot_answer(code), "{code:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
