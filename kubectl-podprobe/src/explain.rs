@@ -203,6 +203,13 @@ fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
         }
         NodeKind::Unscheduled => link("node", false, "the pod is not scheduled yet".into()),
         NodeKind::Unknown(n) => link("node", false, format!("node {n} does not exist")),
+        // Not a broken link: whether the node's pods get markers is unknown, so the chain
+        // goes on to the markers themselves, which tell.
+        NodeKind::Unreadable(n, why) => link(
+            "node",
+            true,
+            format!("node {n} not checked: your credentials may not read it ({why})"),
+        ),
         NodeKind::Regular(n) => link(
             "node",
             false,

@@ -38,6 +38,33 @@ pub struct PodFacts {
     pub node: Option<Node>,
     /// Events about the pod, oldest first (empty when not asked for).
     pub events: Vec<Event>,
+    /// What could not be read for this pod because the credentials may not (403), with the
+    /// apiserver's reason: the checks that need it are skipped, not failed.
+    pub unread: Unread,
+}
+
+/// Reads refused by RBAC: nodes are cluster-scoped, and a namespace-scoped user (a game team's
+/// kubeconfig) often may not read them or events; the rest of the chain still holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unread {
+    pub node: Option<String>,
+    pub events: Option<String>,
+}
+
+impl Unread {
+    /// One line per refused read, for a warning on stderr.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if let Some(why) = &self.node {
+            notes.push(format!(
+                "cannot read the pod's node, node checks skipped: {why}"
+            ));
+        }
+        if let Some(why) = &self.events {
+            notes.push(format!("cannot read events, none shown: {why}"));
+        }
+        notes
+    }
 }
 
 /// Whether to read each pod's events: one request per pod, which only `explain` shows.
@@ -121,7 +148,7 @@ impl Cluster {
     /// The facts of each pod, in the order given.
     pub async fn facts(&self, pods: Vec<Pod>, events: Events) -> Result<Vec<PodFacts>, FactsError> {
         let mut markers: BTreeMap<String, Option<Arc<Vec<PodProbeMarker>>>> = BTreeMap::new();
-        let mut nodes: BTreeMap<String, Option<Node>> = BTreeMap::new();
+        let mut nodes: BTreeMap<String, Result<Option<Node>, String>> = BTreeMap::new();
         let mut all = Vec::with_capacity(pods.len());
         for pod in pods {
             let namespace = pod.metadata.namespace.clone().unwrap_or_default();
@@ -133,20 +160,36 @@ impl Cluster {
             if let Some(name) = &node_name
                 && !nodes.contains_key(name)
             {
-                let node = Api::<Node>::all(self.client.clone())
-                    .get_opt(name)
-                    .await
-                    .map_err(|source| api(format!("get node {name}"), source))?;
+                let node = match Api::<Node>::all(self.client.clone()).get_opt(name).await {
+                    Ok(node) => Ok(node),
+                    Err(e) => Err(forbidden(&e).ok_or_else(|| api(format!("get node {name}"), e))?),
+                };
                 nodes.insert(name.clone(), node);
             }
+            let mut unread = Unread::default();
             let events = match events {
-                Events::Read => self.events(&pod).await?,
+                Events::Read => self.events(&pod).await.or_else(|e| match e {
+                    FactsError::Api { source, .. } if forbidden(&source).is_some() => {
+                        unread.events = forbidden(&source);
+                        Ok(Vec::new())
+                    }
+                    other => Err(other),
+                })?,
                 Events::Skip => Vec::new(),
+            };
+            let node = match node_name.map(|n| nodes[&n].clone()) {
+                Some(Ok(node)) => node,
+                Some(Err(why)) => {
+                    unread.node = Some(why);
+                    None
+                }
+                None => None,
             };
             all.push(PodFacts {
                 markers: markers[&namespace].clone(),
-                node: node_name.and_then(|n| nodes[&n].clone()),
+                node,
                 events,
+                unread,
                 pod,
             });
         }
@@ -196,6 +239,14 @@ fn api(what: String, source: kube::Error) -> FactsError {
 
 fn api_error(namespace: &str, source: kube::Error) -> FactsError {
     api(format!("list PodProbeMarkers in {namespace}"), source)
+}
+
+/// The apiserver's message when `e` is a 403 (RBAC refused the read).
+fn forbidden(e: &kube::Error) -> Option<String> {
+    match e {
+        kube::Error::Api(status) if status.code == 403 => Some(status.message.clone()),
+        _ => None,
+    }
 }
 
 /// The resource is not served (the PodProbeMarker CRD is not installed).

@@ -179,6 +179,8 @@ pub fn sidecar(pod: &Pod, container: &str) -> Sidecar {
 pub enum NodeKind {
     Unscheduled,
     Unknown(String),
+    /// The credentials may not read the node (the apiserver's reason).
+    Unreadable(String, String),
     Serverless(String),
     Regular(String),
 }
@@ -187,6 +189,9 @@ pub fn node_kind(facts: &PodFacts, settings: &Settings) -> NodeKind {
     let Some(name) = facts.pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
         return NodeKind::Unscheduled;
     };
+    if let Some(why) = &facts.unread.node {
+        return NodeKind::Unreadable(name, why.clone());
+    }
     let Some(node) = &facts.node else {
         return NodeKind::Unknown(name);
     };

@@ -9,6 +9,10 @@ use kubectl_podprobe::facts::{Cluster, Events, FactsError};
 use kubectl_podprobe::inspect::{self, Settings};
 use kubectl_podprobe::{explain, get, render};
 
+/// `explain`'s exit code when a link of the chain is broken (errors exit 1), so scripts and
+/// CI checks can tell "the pod's markers are not working" from "could not look".
+const BROKEN_LINK: u8 = 3;
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -62,6 +66,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 pods
             };
             let facts = cluster.facts(pods, Events::Skip).await?;
+            warn_unread(&facts);
             let rows: Vec<get::ProbeRow> =
                 facts.iter().flat_map(|f| get::rows(f, &settings)).collect();
             if rows.is_empty() && args.output.is_none() {
@@ -72,12 +77,27 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Explain(args) => {
             let pod = cluster.pod(&args.pod).await?;
-            let facts = cluster.facts(vec![pod], Events::Read).await?.remove(0);
-            let links = explain::chain(&facts, &settings);
-            let events = explain::event_lines(&facts, &settings);
+            let facts = cluster.facts(vec![pod], Events::Read).await?;
+            warn_unread(&facts);
+            let facts = &facts[0];
+            let links = explain::chain(facts, &settings);
+            let events = explain::event_lines(facts, &settings);
             render::explain(&mut out, &inspect::pod_name(&facts.pod), &links, &events)?;
+            out.flush()?;
+            if links.iter().any(|l| !l.ok) {
+                return Ok(ExitCode::from(BROKEN_LINK));
+            }
         }
     }
     out.flush()?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// One warning per distinct read the credentials were refused (403): what was skipped.
+fn warn_unread(facts: &[kubectl_podprobe::facts::PodFacts]) {
+    let notes: std::collections::BTreeSet<String> =
+        facts.iter().flat_map(|f| f.unread.notes()).collect();
+    for note in notes {
+        eprintln!("warning: {note}");
+    }
 }

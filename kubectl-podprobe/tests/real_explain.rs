@@ -187,24 +187,65 @@ impl Cluster {
             .unwrap();
     }
 
+    /// A kubeconfig whose service account may get and list pods and PodProbeMarkers in the
+    /// namespace, and nothing else.
+    async fn viewer_kubeconfig(&self) -> tempfile::NamedTempFile {
+        use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+        self.cp.create_service_account(NS, "viewer").await.unwrap();
+        let role: Role = serde_json::from_value(json!({
+            "metadata": {"name": "viewer"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+                      {"apiGroups": ["apps.kruise.io"], "resources": ["podprobemarkers"],
+                       "verbs": ["get", "list"]}]
+        }))
+        .unwrap();
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": "viewer"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "viewer"},
+            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": NS}]
+        }))
+        .unwrap();
+        let pp = PostParams::default();
+        Api::<Role>::namespaced(self.cp.client(), NS)
+            .create(&pp, &role)
+            .await
+            .unwrap();
+        Api::<RoleBinding>::namespaced(self.cp.client(), NS)
+            .create(&pp, &binding)
+            .await
+            .unwrap();
+        let token = self.cp.service_account_token(NS, "viewer").await.unwrap();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        self.cp
+            .write_kubeconfig_for_token(file.path(), &token)
+            .unwrap();
+        file
+    }
+
+    /// The plugin as the admin; panics unless it exited 0.
     fn plugin(&self, args: &[&str]) -> String {
+        let (code, stdout, stderr) = self.plugin_as(&self.cp.admin_kubeconfig(), args);
+        assert_eq!(code, Some(0), "{args:?}: {stderr}");
+        stdout
+    }
+
+    /// The plugin with `kubeconfig`: its exit code, stdout and stderr.
+    fn plugin_as(
+        &self,
+        kubeconfig: &std::path::Path,
+        args: &[&str],
+    ) -> (Option<i32>, String, String) {
         let out = Command::new(env!("CARGO_BIN_EXE_kubectl-podprobe"))
-            .args([
-                "--kubeconfig",
-                self.cp.admin_kubeconfig().to_str().unwrap(),
-                "-n",
-                NS,
-            ])
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap(), "-n", NS])
             .args(args)
             .env_remove("KUBECONFIG")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 }
 
@@ -223,10 +264,18 @@ fn ok(name: &str) -> Spec<'_> {
     }
 }
 
-/// The expected `explain` text of a pod whose chain holds up to `broken`.
+/// The expected `explain` text of a pod whose chain holds up to `broken`, and its exit code:
+/// 0 when every link holds, 3 when one is broken.
 fn assert_explains(cluster: &Cluster, pod: &str, expected: &str) {
-    let got = cluster.plugin(&["explain", pod]);
-    assert_eq!(got, expected, "explain {pod}:\n{got}");
+    let admin = cluster.cp.admin_kubeconfig();
+    let (code, got, stderr) = cluster.plugin_as(&admin, &["explain", pod]);
+    assert_eq!(got, expected, "explain {pod}:\n{got}{stderr}");
+    let holds = expected.contains("Every link holds.");
+    assert_eq!(
+        code,
+        Some(if holds { 0 } else { 3 }),
+        "explain {pod}: {stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,6 +360,23 @@ async fn explain_names_the_first_broken_link_for_each_cause() {
     for (pod, expected) in expectations() {
         assert_explains(&cluster, pod, expected);
     }
+
+    // A game team's namespace-scoped credentials, which may read pods and PodProbeMarkers but
+    // not nodes (cluster-scoped) or events: explain says what it skipped and walks the rest.
+    let viewer = cluster.viewer_kubeconfig().await;
+    let (code, got, stderr) = cluster.plugin_as(viewer.path(), &["explain", "gs-ok"]);
+    assert_eq!(code, Some(0), "{got}{stderr}");
+    assert!(
+        got.contains("ok   node           node vk-1 not checked: your credentials may not read it"),
+        "{got}"
+    );
+    assert!(
+        stderr.contains("warning: cannot read the pod's node, node checks skipped")
+            && stderr.contains("warning: cannot read events, none shown"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = cluster.plugin_as(viewer.path(), &["get"]);
+    assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(cluster.plugin(&["get"]), GET);
 
     // -o json: the same rows, in full, for scripts.
