@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use podprobe_manager::cli::{Cli, Command, run};
+use podprobe_manager::run::{LogFormat, RunArgs};
 
 fn main() {
     let cli = Cli::parse();
@@ -22,14 +23,29 @@ fn main() {
     }
 }
 
-fn serve(args: &podprobe_manager::run::RunArgs) -> i32 {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+fn init_logging(args: &RunArgs) -> Result<(), String> {
+    let filter = match tracing_subscriber::EnvFilter::try_from_default_env() {
+        Ok(filter) => filter,
+        Err(_) => tracing_subscriber::EnvFilter::try_new(&args.log_level)
+            .map_err(|e| format!("--log-level {:?}: {e}", args.log_level))?,
+    };
+    // Colours only for a person at a terminal; container logs stay plain text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
+}
+
+fn serve(args: &RunArgs) -> i32 {
+    if let Err(e) = init_logging(args) {
+        eprintln!("error: {e}");
+        return 2;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -28,7 +28,7 @@ use crate::{metrics, pods, status, webhook};
 
 mod options;
 
-pub use options::{LeaderOptions, ModeArg, Options, RunArgs};
+pub use options::{LeaderOptions, LogFormat, ModeArg, Options, RunArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {

@@ -93,6 +93,23 @@ pub struct RunArgs {
     /// Pods reconciled concurrently by the markers controller.
     #[arg(long, default_value_t = 16)]
     pub workers: u16,
+
+    /// Log filter, e.g. `info`, `debug`, `podprobe_manager=debug` (RUST_LOG syntax; RUST_LOG
+    /// wins when set).
+    #[arg(long, default_value = "info", env = "PODPROBE_LOG")]
+    pub log_level: String,
+
+    /// Log format on stderr: `text` (colours only on a terminal) or `json` (one object a line,
+    /// for log collectors).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Leader election settings; `None` in [`Options`] = always lead.
