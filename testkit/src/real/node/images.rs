@@ -5,8 +5,9 @@
 //!   stage replaced by `hack/build-static.sh`'s output (`--build-context`), exactly as
 //!   `hack/release.sh` builds what users pull: the image the tests run is the image shipped.
 //! - `podprobe.test/pause:3.10`: Kubernetes' own `pause.c` from the pinned module, static.
-//! - `podprobe.test/gameserver:dev`: busybox (for exec probes) and the test game server
-//!   (TCP 7777, HTTP 8080, gRPC 9090), running as root like many game server images.
+//! - `podprobe.test/gameserver:dev`: busybox (for exec probes), the idle recipe's `/idle.sh`
+//!   and the test game server (TCP 7777, HTTP 8080, gRPC 9090), running as root like many
+//!   game server images.
 //!
 //! The last two come from `testkit/node-images.Dockerfile`, built the same way. Everything
 //! lives under `podprobe-node-images` in the target directory (a cargo target directory of its
@@ -158,11 +159,19 @@ fn compile_pause(root: &Path) -> Result<PathBuf, Error> {
     Ok(binary)
 }
 
+/// The idle recipe's command (examples/recipes/idle-deletion-cost.yaml) as the game server
+/// image has it: prints `idle` and succeeds unless a player is on, which a test says by
+/// creating `/var/run/game/players`.
+const IDLE_SCRIPT: &str =
+    "#!/bin/sh\nif [ -e /var/run/game/players ]; then echo busy; exit 1; fi\necho idle\n";
+
 /// One entry of a build context directory.
 #[derive(Clone, Copy)]
 enum Entry<'a> {
     /// A copy of a host file (keeps its mode).
     Copy(&'a Path),
+    /// An executable file with this text.
+    Script(&'a str),
     Symlink(&'a str),
     Dir(u32),
 }
@@ -172,6 +181,7 @@ fn gameserver_entries<'a>(binary: &'a Path, busybox: &'a Path) -> Vec<(String, E
     let mut entries = vec![
         ("usr/local/bin/gameserver".to_owned(), Entry::Copy(binary)),
         ("bin/busybox".to_owned(), Entry::Copy(busybox)),
+        ("idle.sh".to_owned(), Entry::Script(IDLE_SCRIPT)),
         ("var/run/game".to_owned(), Entry::Dir(0o755)),
         ("tmp".to_owned(), Entry::Dir(0o1777)),
     ];
@@ -193,6 +203,13 @@ fn lay_out<P: AsRef<str>>(dir: &Path, entries: &[(P, Entry)]) -> Result<(), Erro
         match entry {
             Entry::Copy(source) => {
                 std::fs::copy(source, &dest)?;
+            }
+            Entry::Script(text) => {
+                std::fs::write(&dest, text)?;
+                std::fs::set_permissions(
+                    &dest,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o755),
+                )?;
             }
             Entry::Symlink(target) => std::os::unix::fs::symlink(target, &dest)?,
             Entry::Dir(mode) => {

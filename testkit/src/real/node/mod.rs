@@ -191,6 +191,23 @@ impl Node {
         Ok(())
     }
 
+    /// Gives the imported image `reference` a second name, `name`, as if a registry served it
+    /// there: a manifest naming a released image (the chart's defaults) then runs what was
+    /// built here, with no value changed (the kubelet pulls nothing with `IfNotPresent`).
+    pub fn tag_image(&self, reference: &str, name: &str) -> Result<(), Error> {
+        let out = self
+            .ctr()
+            .args(["images", "tag", "--force", reference, name])
+            .output()?;
+        if !out.status.success() {
+            return Err(Error::Other(format!(
+                "ctr images tag {reference} {name}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
     fn start_kube_proxy(&mut self, cp: &ControlPlane) -> Result<(), Error> {
         let kubeconfig = self.dir.path().join("kube-proxy.kubeconfig");
         cp.write_kubeconfig_for_token(&kubeconfig, KUBE_PROXY_TOKEN)?;
