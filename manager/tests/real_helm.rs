@@ -54,6 +54,8 @@ async fn lint_and_template_in_both_modes() {
         "ServiceAccount/podprobe-sidecar",
         "ValidatingAdmissionPolicy/podprobe-sidecar-pod-status",
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pod-status",
+        "ValidatingAdmissionPolicy/podprobe-sidecar-pods-exec",
+        "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pods-exec",
     ] {
         assert!(
             standalone.iter().any(|k| k == expected),
@@ -78,6 +80,22 @@ async fn lint_and_template_in_both_modes() {
             "{companion:?}"
         );
     }
+
+    // One replica: no PodDisruptionBudget, which would block every drain. No pods/exec for
+    // the sidecar when turned off: neither the Role's rule nor its admission policy.
+    let mut one = sets(&cp, "standalone");
+    one.extend(["replicas=1".to_owned(), "sidecar.podsExec=false".to_owned()]);
+    let one = render(&cp, &one, &[]);
+    let one_kinds = kinds_and_names(&documents(&one));
+    assert!(
+        standalone.contains(&"PodDisruptionBudget/podprobe-manager".to_owned())
+            && !one_kinds.contains(&"PodDisruptionBudget/podprobe-manager".to_owned()),
+        "{one_kinds:?}"
+    );
+    assert!(
+        !one.contains("pods/exec") && !one.contains("pods-exec"),
+        "{one}"
+    );
 
     // Without --kube-version, helm template assumes an old Kubernetes and the chart's
     // kubeVersion constraint refuses it (the chart README says so).
@@ -234,4 +252,77 @@ async fn installs_into_a_real_apiserver_as_companion_with_skip_crds() {
         !objects.contains("podprobe-manager-leader-election"),
         "{objects}"
     );
+}
+
+/// With no certificate value (the README's install), helm generates the webhooks' certificate:
+/// the Secret holds it with its CA, both webhook configurations trust that CA, and an upgrade
+/// keeps all three (a new one on every upgrade would break the running manager's webhooks
+/// until it re-read its files, and GitOps diffs would never settle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generates_the_webhook_certificate_once_and_keeps_it_on_upgrade() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::Api;
+
+    let cp = control_plane().await;
+    let sets = [format!("sidecar.namespaces={{{GAMES}}}")];
+    let read = || async {
+        let secret = Api::<Secret>::namespaced(cp.client(), RELEASE_NS)
+            .get("podprobe-manager-tls")
+            .await
+            .unwrap();
+        let data = secret.data.unwrap();
+        let pem = |key: &str| String::from_utf8(data[key].0.clone()).unwrap();
+        let mutating = Api::<MutatingWebhookConfiguration>::all(cp.client())
+            .get("podprobe-manager")
+            .await
+            .unwrap();
+        let validating = Api::<ValidatingWebhookConfiguration>::all(cp.client())
+            .get("podprobe-manager")
+            .await
+            .unwrap();
+        let bundles: Vec<String> = mutating
+            .webhooks
+            .into_iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle)
+            .chain(
+                validating
+                    .webhooks
+                    .into_iter()
+                    .flatten()
+                    .map(|w| w.client_config.ca_bundle),
+            )
+            .map(|b| String::from_utf8(b.unwrap().0).unwrap())
+            .collect();
+        (pem("tls.crt"), pem("tls.key"), pem("ca.crt"), bundles)
+    };
+
+    run(
+        helm(
+            &cp,
+            "install",
+            &sets,
+            &["--create-namespace", "--wait=false"],
+        ),
+        "helm install",
+    );
+    let (crt, key, ca, bundles) = read().await;
+    assert!(crt.starts_with("-----BEGIN CERTIFICATE-----"), "{crt}");
+    assert!(key.contains("PRIVATE KEY-----"), "a PEM key");
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+    assert_ne!(crt, ca, "a serving certificate apart from its CA");
+    assert_eq!(
+        bundles,
+        [ca.clone(), ca.clone()],
+        "both webhooks trust the CA"
+    );
+
+    run(
+        helm(&cp, "upgrade", &sets, &["--reuse-values", "--wait=false"]),
+        "helm upgrade",
+    );
+    assert_eq!(read().await, (crt, key, ca.clone(), vec![ca.clone(), ca]));
 }

@@ -68,26 +68,7 @@ pub async fn node_and_chart_in(options: NodeOptions, mode: Mode) -> (Running, No
 /// addresses to the node, where kube-proxy forwards them). `helm install --wait` returns once
 /// the Deployment is available.
 pub async fn node_and_deployed_chart() -> (ControlPlane, Node) {
-    let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
-    let mut cp = ControlPlane::start_on(network.host_ip())
-        .await
-        .unwrap_or_else(|e| panic!("control plane: {e}"));
-    let options = NodeOptions {
-        // node-lifecycle: lifts the not-ready taint the kubelet registers with, which the
-        // scheduler respects.
-        controllers: vec![
-            "deployment",
-            "replicaset",
-            "endpointslice",
-            "node-lifecycle-controller",
-        ],
-        ..NodeOptions::default()
-    };
-    let node = Node::start(&mut cp, network, options)
-        .await
-        .unwrap_or_else(|e| panic!("node: {e}"));
-    cp.start_scheduler()
-        .unwrap_or_else(|e| panic!("kube-scheduler: {e}"));
+    let (cp, node) = node_for_workloads(NodeOptions::default()).await;
     prepare_test_namespace(&cp).await;
     let (repository, tag) = MANAGER_IMAGE.rsplit_once(':').expect("a tag");
     let service = format!("podprobe-manager.{}.svc", cluster::RELEASE_NS);
@@ -125,6 +106,30 @@ pub async fn node_and_deployed_chart() -> (ControlPlane, Node) {
             node.kubelet_log_tail(30)
         );
     }
+    (cp, node)
+}
+
+/// A node (with `options`' labels) where workloads run as in a cluster: kube-scheduler places
+/// their pods, and the Deployment, ReplicaSet, EndpointSlice and node-lifecycle controllers run.
+pub async fn node_for_workloads(options: NodeOptions) -> (ControlPlane, Node) {
+    let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
+    let mut cp = ControlPlane::start_on(network.host_ip())
+        .await
+        .unwrap_or_else(|e| panic!("control plane: {e}"));
+    let mut options = options;
+    // node-lifecycle: lifts the not-ready taint the kubelet registers with, which the
+    // scheduler respects.
+    options.controllers.extend([
+        "deployment",
+        "replicaset",
+        "endpointslice",
+        "node-lifecycle-controller",
+    ]);
+    let node = Node::start(&mut cp, network, options)
+        .await
+        .unwrap_or_else(|e| panic!("node: {e}"));
+    cp.start_scheduler()
+        .unwrap_or_else(|e| panic!("kube-scheduler: {e}"));
     (cp, node)
 }
 

@@ -1,0 +1,261 @@
+//! The install a new user does, as the README writes it, on a fresh cluster with a real node:
+//! the README's install block runs verbatim (kubectl and helm built here, the chart's default
+//! values, the chart's default image names served by the images built from this repository),
+//! then the recipes run with nothing changed but their placeholder images. The idle recipe's
+//! exec probe runs the game server's `/idle.sh` as installed (no shared process namespace, a
+//! non-root sidecar without capabilities: `pods/exec`), and the sidecar's token may exec into
+//! its own pod only.
+
+mod cluster;
+mod installed;
+mod on_node;
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{AttachParams, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
+use testkit::real::{ControlPlane, NodeOptions, tools};
+
+use on_node::{SIDECAR, exec, logs, node_for_workloads, projected_token, wait_for};
+use support::{annotation, condition_status};
+
+/// The namespace the README's install opts in.
+const GAMES: &str = "games";
+const IDLE: &str = "game.kruise.io/idle";
+const HEALTHY: &str = "game.kruise.io/healthy";
+const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+
+fn workspace() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The first `sh` block under the README's `## Install` heading.
+fn readme_install_block() -> String {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
+    let section = readme
+        .split_once("\n## Install\n")
+        .expect("README.md has an Install section")
+        .1;
+    let block = section
+        .split_once("```sh\n")
+        .expect("an sh block under Install")
+        .1;
+    block
+        .split_once("\n```")
+        .expect("the sh block ends")
+        .0
+        .to_owned()
+}
+
+/// The chart's default images: the manager's and the injected sidecar's.
+fn chart_default_images() -> (String, String) {
+    let path = cluster::chart_dir().join("values.yaml");
+    let values: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let manager = format!(
+        "{}:{}",
+        values["image"]["repository"].as_str().unwrap(),
+        values["image"]["tag"].as_str().unwrap()
+    );
+    let sidecar = values["injection"]["config"]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (manager, sidecar)
+}
+
+/// Runs `script` as a user's shell would from a clone: in the workspace, with the tools built
+/// here first on `PATH` and the cluster's admin kubeconfig; panics with its output unless it
+/// succeeded.
+fn run_as_user(cp: &ControlPlane, node: &testkit::real::Node, script: &str) {
+    let helm = cp.helm().unwrap();
+    let mut shell = Command::new("bash");
+    shell
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(workspace())
+        .stdin(Stdio::null());
+    for (key, value) in helm.get_envs() {
+        if let Some(value) = value {
+            shell.env(key, value);
+        }
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![tools::bin_dir().unwrap().to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    shell.env("PATH", std::env::join_paths(dirs).unwrap());
+    let out = shell.output().expect("run bash");
+    if !out.status.success() {
+        let described = cp
+            .kubectl()
+            .unwrap()
+            .args(["describe", "pods", "-n", cluster::RELEASE_NS])
+            .output()
+            .expect("run kubectl");
+        panic!(
+            "the README's install failed ({}):\n{script}\nstdout: {}\nstderr: {}\n{}\nkube-scheduler: {}\nkubelet: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&described.stdout),
+            cp.scheduler_log_tail(30),
+            node.kubelet_log_tail(30)
+        );
+    }
+}
+
+/// The documents of `examples/recipes/<name>`, each Deployment's placeholder image replaced
+/// by the test game server (which answers what the recipes probe).
+fn recipe(name: &str) -> Vec<Value> {
+    let path = workspace().join("examples/recipes").join(name);
+    let mut docs = cluster::documents(&std::fs::read_to_string(path).unwrap());
+    for doc in docs.iter_mut().filter(|d| d["kind"] == "Deployment") {
+        doc["spec"]["template"]["spec"]["containers"][0]["image"] = json!(GAMESERVER_IMAGE);
+    }
+    docs
+}
+
+/// `kubectl apply -n games` of `docs`, as a user applies a recipe.
+fn apply(cp: &ControlPlane, docs: &[Value]) {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": docs});
+    let mut child = cp
+        .kubectl()
+        .unwrap()
+        .args(["apply", "-n", GAMES, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    serde_json::to_writer(child.stdin.take().unwrap(), &list).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The names of the pods labelled `app=<app>` once there are `count` of them.
+async fn pods_of(pods: &Api<Pod>, app: &str, count: usize) -> Vec<String> {
+    let selector = ListParams::default().labels(&format!("app={app}"));
+    let wait = async {
+        loop {
+            let names: Vec<String> = pods
+                .list(&selector)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            if names.len() == count {
+                return names;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{count} pods labelled app={app}"))
+}
+
+/// Execs `sh -c :` in `pod`'s game container as `client`: `Ok` when it ran, else the apiserver's
+/// refusal.
+async fn exec_as(client: kube::Client, pod: &str, container: &str) -> Result<(), kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client, GAMES);
+    let params = AttachParams::default()
+        .container(container)
+        .stdin(false)
+        .stdout(false)
+        .stderr(true);
+    let mut process = pods.exec(pod, ["sh", "-c", ":"], &params).await?;
+    let status = process.take_status().expect("a status channel");
+    let status = tokio::time::timeout(Duration::from_secs(30), status)
+        .await
+        .expect("exec finished")
+        .expect("exec status");
+    assert_eq!(status.status.as_deref(), Some("Success"), "{status:?}");
+    Ok(())
+}
+
+async fn scale_to_zero(cp: &ControlPlane, name: &str) {
+    // No garbage collector runs here: scaling to zero stops the ReplicaSet recreating pods.
+    Api::<Deployment>::namespaced(cp.client(), GAMES)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_charts_defaults() {
+    let options = NodeOptions {
+        labels: BTreeMap::from([("type".to_owned(), "virtual-kubelet".to_owned())]),
+        ..NodeOptions::default()
+    };
+    let (cp, node) = node_for_workloads(options).await;
+    let (manager_image, sidecar_image) = chart_default_images();
+    node.tag_image(MANAGER_IMAGE, &manager_image).unwrap();
+    node.tag_image(SIDECAR_IMAGE, &sidecar_image).unwrap();
+
+    run_as_user(&cp, &node, &readme_install_block());
+
+    // The idle recipe: /idle.sh in the game container, which the sidecar's image lacks.
+    apply(&cp, &recipe("idle-deletion-cost.yaml"));
+    let pods: Api<Pod> = Api::namespaced(cp.client(), GAMES);
+    let arena = pods_of(&pods, "arena", 2).await;
+    for name in &arena {
+        wait_for(&pods, name, "idle, deletion cost -5", |p| {
+            condition_status(p, IDLE).as_deref() == Some("True")
+                && annotation(p, DELETION_COST).as_deref() == Some("-5")
+        })
+        .await;
+    }
+    let (busy, other) = (&arena[0], &arena[1]);
+    let log = logs(&pods, busy, SIDECAR).await;
+    assert!(log.contains("exec_mode=api"), "{log}");
+    exec(&pods, busy, "arena", "touch /var/run/game/players").await;
+    let pod = wait_for(&pods, busy, "busy, deletion cost 5", |p| {
+        condition_status(p, IDLE).as_deref() == Some("False")
+            && annotation(p, DELETION_COST).as_deref() == Some("5")
+    })
+    .await;
+
+    // The sidecar's own token: exec into its own pod, and nowhere else.
+    let token = projected_token(&node, &pod);
+    let as_sidecar = cp.client_for_token(&token);
+    exec_as(as_sidecar.clone(), busy, "arena")
+        .await
+        .expect("the sidecar's token execs into its own pod");
+    match exec_as(as_sidecar, other, "arena").await {
+        Err(kube::Error::Api(e)) => assert!(
+            e.code == 403 && e.message.contains("podprobe-sidecar-pods-exec"),
+            "{e:?}"
+        ),
+        other => panic!("exec into a neighbour: {other:?}"),
+    }
+
+    // The readiness-gate recipe: an httpGet probe gating the pod's readiness.
+    apply(&cp, &recipe("readiness-gate.yaml"));
+    let lobby = pods_of(&pods, "lobby", 1).await;
+    wait_for(&pods, &lobby[0], "Ready through the gate", |p| {
+        condition_status(p, HEALTHY).as_deref() == Some("True")
+            && condition_status(p, "Ready").as_deref() == Some("True")
+    })
+    .await;
+
+    scale_to_zero(&cp, "arena").await;
+    scale_to_zero(&cp, "lobby").await;
+    let leftovers = node.stop(&cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
