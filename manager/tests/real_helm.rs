@@ -167,6 +167,11 @@ fn install(cp: &ControlPlane, mode: &str, extra: &[&str]) -> String {
     args.extend(extra);
     let out = run(helm(cp, "install", &sets(cp, mode), &args), "helm install");
     assert!(out.contains("STATUS: deployed"), "{out}");
+    // NOTES.txt: what to do next, for the namespaces given.
+    assert!(
+        out.contains("kubectl label namespace games podprobe.io/inject=enabled"),
+        "{out}"
+    );
     let objects = run(
         {
             let mut k = cp.kubectl().unwrap();
@@ -325,4 +330,122 @@ async fn generates_the_webhook_certificate_once_and_keeps_it_on_upgrade() {
         "helm upgrade",
     );
     assert_eq!(read().await, (crt, key, ca.clone(), vec![ca.clone(), ca]));
+}
+
+/// The values platform teams set on every chart reach the manager's pod as set, and the
+/// schema refuses a misspelt or out-of-range value instead of ignoring it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conventional_values_reach_the_manager_and_the_schema_refuses_typos() {
+    let cp = control_plane().await;
+    let mut values = sets(&cp, "standalone");
+    values.extend(
+        [
+            "nodeSelector.type=virtual-kubelet",
+            "tolerations[0].key=virtual-kubelet.io/provider",
+            "tolerations[0].operator=Exists",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=zone",
+            "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+            "topologySpreadConstraints[0].maxSkew=1",
+            "topologySpreadConstraints[0].topologyKey=zone",
+            "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+            "priorityClassName=system-cluster-critical",
+            "hostNetwork=true",
+            "podAnnotations.team=games",
+            "podLabels.tier=control",
+            "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/r",
+            "extraArgs={--tls-reload-interval=30s}",
+            "extraEnv[0].name=TZ",
+            "extraEnv[0].value=UTC",
+            "webhook.objectSelector.matchLabels.game=arena",
+            "logFormat=json",
+        ]
+        .map(str::to_owned),
+    );
+    let docs = documents(&render(&cp, &values, &[]));
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+    };
+    let deployment = find("Deployment");
+    let template = &deployment["spec"]["template"];
+    let pod = &template["spec"];
+    assert_eq!(pod["nodeSelector"]["type"], "virtual-kubelet");
+    assert_eq!(pod["tolerations"][0]["key"], "virtual-kubelet.io/provider");
+    assert!(pod["affinity"]["podAntiAffinity"].is_null(), "{pod}");
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "zone"
+    );
+    assert_eq!(pod["topologySpreadConstraints"][0]["topologyKey"], "zone");
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(template["metadata"]["annotations"]["team"], "games");
+    assert_eq!(template["metadata"]["labels"]["tier"], "control");
+    assert_eq!(
+        template["metadata"]["labels"]["app.kubernetes.io/name"], "podprobe-manager",
+        "the selector's labels stay"
+    );
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--tls-reload-interval=30s"), "{args:?}");
+    assert!(args.contains(&"--log-format=json"), "{args:?}");
+    assert!(
+        container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "TZ" && e["value"] == "UTC"),
+        "{container}"
+    );
+    let account = docs
+        .iter()
+        .find(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == "podprobe-manager")
+        .unwrap();
+    assert_eq!(
+        account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"],
+        "arn:aws:iam::1:role/r"
+    );
+    assert_eq!(
+        find("MutatingWebhookConfiguration")["webhooks"][0]["objectSelector"]["matchLabels"]["game"],
+        "arena"
+    );
+    // The defaults: the chart's anti-affinity, no host network.
+    let default = documents(&render(&cp, &sets(&cp, "standalone"), &[]));
+    let pod =
+        &default.iter().find(|d| d["kind"] == "Deployment").unwrap()["spec"]["template"]["spec"];
+    assert!(!pod["affinity"]["podAntiAffinity"].is_null(), "{pod}");
+    assert!(pod["hostNetwork"].is_null(), "{pod}");
+
+    for (typo, refusal) in [
+        ("replcias=3", "additional properties 'replcias' not allowed"),
+        ("logFormat=xml", "value must be one of"),
+        (
+            "webhook.namespaceSelecter.x=y",
+            "additional properties 'namespaceSelecter' not allowed",
+        ),
+    ] {
+        let mut with_typo = sets(&cp, "standalone");
+        with_typo.push(typo.to_owned());
+        let out = helm(
+            &cp,
+            "template",
+            &with_typo,
+            &["--kube-version", KUBE_VERSION],
+        )
+        .output()
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(refusal),
+            "{typo}: {stderr}"
+        );
+    }
 }
