@@ -81,6 +81,14 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_of "$key")" ]; then
   echo "build-static: the $1 binaries are current (their inputs are unchanged): not running cargo"
 else
   rm -f "$stamp"
+  # New inputs: the workspace's own crates are rebuilt whatever their file times say. Cargo
+  # trusts times, and a build from another checkout into this target directory (CI's clone,
+  # a second work tree) can be newer than an edit here: cargo kept the old binary and this
+  # script recorded it under the new key, so a test ran stale code.
+  for profile in sidecar manager; do
+    cargo clean --quiet --target "$target" --profile "$profile" \
+      -p podprobe -p podprobe-protocol -p podprobe-ops -p podprobe-manager
+  done
   cargo build --locked --target "$target" --profile sidecar --no-default-features -p podprobe --bin podprobe
   cargo build --locked --target "$target" --profile manager -p podprobe-manager --bin podprobe-manager
   stamp_of "$key" >"$stamp"
