@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Writes the fuzz targets' seed corpora (fuzz/corpus/<target>/seed-*) from the JSON test
-vectors of the specs and the examples (every annotation value in them), so each
-target starts from real inputs. Run from the repository root: python3 fuzz/seed.py SPEC.md..."""
+"""Writes the fuzz targets' seed corpora (fuzz/corpus/<target>/seed-*) from every annotation
+value in the files given: the examples, and any text holding test vectors (the corpora
+committed were seeded from the project's protocol notes too). Run from the repository root:
+python3 fuzz/seed.py examples/*.yaml [FILE...]"""
 import hashlib
 import json
 import pathlib

@@ -254,7 +254,7 @@ impl Drop for Cgroup {
     }
 }
 
-/// The platform notes' sequence without CAP_SYS_PTRACE (as in a default Kubernetes
+/// The documented sequence without CAP_SYS_PTRACE (as in a default Kubernetes
 /// container): opening `/proc/<pid>/root` of a non-root target needs the fsuid switch. Runs
 /// this same test again in a child with CAP_SYS_PTRACE dropped from the bounding set (capsh).
 #[tokio::test]

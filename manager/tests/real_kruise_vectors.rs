@@ -1,4 +1,4 @@
-//! The test vectors of `shared/specs/kruise-podprobemarker.md`, side by side: the same
+//! The test vectors (docs/kruise-compatibility.md, TV-01…TV-07, 13, 14) side by side: the same
 //! PodProbeMarkers and pods given to the real kruise-manager and to podprobe-manager
 //! standalone, each on its own real control plane, and their answers compared.
 //!
