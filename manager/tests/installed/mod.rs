@@ -190,7 +190,10 @@ pub fn kubelet_status(app_container: &str) -> Value {
 }
 
 /// The injected container run as the kubelet would run it: its args, the downward-API
-/// environment it declares, a token of the pod's ServiceAccount bound to the pod.
+/// environment it declares, a token of the pod's ServiceAccount bound to the pod. Exec probes
+/// run in the sidecar's own process (mode `local`): no kubelet runs the pod's other containers
+/// here, so `pods/exec`, which the chart's Role allows and `auto` would take, has nothing to
+/// reach; the tests' commands are local scripts.
 pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account: &str) -> Sidecar {
     let spec = pod.spec.as_ref().unwrap();
     let container = &spec.init_containers.as_ref().unwrap()[0];
@@ -211,6 +214,7 @@ pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account:
         .env("POD_IP", "127.0.0.1")
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "podprobe=debug,info")
+        .env("PODPROBE_EXEC_MODE", "local")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
