@@ -36,6 +36,27 @@ pub struct Global {
     /// Namespace (default: the context's namespace, else "default")
     #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
+    /// The kubeconfig cluster to use (default: the context's)
+    #[arg(long, global = true, value_name = "NAME")]
+    pub cluster: Option<String>,
+    /// The kubeconfig user to use (default: the context's)
+    #[arg(long, global = true, value_name = "NAME")]
+    pub user: Option<String>,
+    /// The API server's address (default: the kubeconfig cluster's)
+    #[arg(short = 's', long, global = true, value_name = "URL")]
+    pub server: Option<String>,
+    /// Bearer token for the API server, instead of the kubeconfig user's credentials
+    #[arg(long, global = true, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// User to impersonate (needs `impersonate` permission, as with kubectl)
+    #[arg(long = "as", global = true, value_name = "USER")]
+    pub as_user: Option<String>,
+    /// Group to impersonate; repeat for more
+    #[arg(long = "as-group", global = true, value_name = "GROUP")]
+    pub as_group: Vec<String>,
+    /// How long to wait for each answer of the API server, e.g. 30s (default: no limit)
+    #[arg(long, global = true, value_parser = parse_duration, value_name = "DURATION")]
+    pub request_timeout: Option<Duration>,
     /// Name of the sidecar container podprobe-manager injects
     #[arg(long, global = true, default_value = "podprobe", value_name = "NAME")]
     pub sidecar_container: String,
@@ -74,6 +95,9 @@ pub struct GetArgs {
     /// Output format
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<Output>,
+    /// Leave out the header line of the table
+    #[arg(long)]
+    pub no_headers: bool,
 }
 
 #[derive(Debug, Args)]
@@ -88,6 +112,8 @@ pub enum Output {
     Wide,
     Json,
     Yaml,
+    /// `pod/NAME` once per pod with probes, for piping to kubectl
+    Name,
 }
 
 /// `30s`, `10m`, `1h` (kubectl's duration flags); a bare number is seconds.

@@ -89,11 +89,14 @@ impl std::fmt::Debug for Cluster {
 }
 
 impl Cluster {
-    /// `--kubeconfig` (else `$KUBECONFIG`, else `~/.kube/config`), `--context`, `-n`.
+    /// `--kubeconfig` (else `$KUBECONFIG`, else `~/.kube/config`), `--context`, `--cluster`,
+    /// `--user`, `-n`, then kubectl's overrides: `--server`, `--token`, `--as`, `--as-group`,
+    /// `--request-timeout`.
     pub async fn connect(global: &Global) -> Result<Cluster, FactsError> {
         let options = KubeConfigOptions {
             context: global.context.clone(),
-            ..KubeConfigOptions::default()
+            cluster: global.cluster.clone(),
+            user: global.user.clone(),
         };
         let loaded = match &global.kubeconfig {
             Some(path) => {
@@ -103,7 +106,8 @@ impl Cluster {
             }
             None => Config::from_kubeconfig(&options).await,
         };
-        let config = loaded.map_err(|e| FactsError::Kubeconfig(e.to_string()))?;
+        let mut config = loaded.map_err(|e| FactsError::Kubeconfig(e.to_string()))?;
+        override_connection(&mut config, global)?;
         let namespace = global
             .namespace
             .clone()
@@ -221,6 +225,32 @@ impl Cluster {
         events.sort_by_key(event_time);
         Ok(events)
     }
+}
+
+/// kubectl's flags that override the kubeconfig.
+fn override_connection(config: &mut Config, global: &Global) -> Result<(), FactsError> {
+    if let Some(server) = &global.server {
+        config.cluster_url = server
+            .parse()
+            .map_err(|e| FactsError::Kubeconfig(format!("--server {server:?}: {e}")))?;
+    }
+    if let Some(token) = &global.token {
+        // The token alone, as kubectl: the user's certificates or exec plugin are not used.
+        config.auth_info = serde_json::from_value(serde_json::json!({ "token": token }))
+            .map_err(|e| FactsError::Kubeconfig(format!("--token: {e}")))?;
+    }
+    if let Some(user) = &global.as_user {
+        config.auth_info.impersonate = Some(user.clone());
+    }
+    if !global.as_group.is_empty() {
+        config.auth_info.impersonate_groups = Some(global.as_group.clone());
+    }
+    if let Some(timeout) = global.request_timeout.filter(|t| !t.is_zero()) {
+        config.connect_timeout = Some(timeout);
+        config.read_timeout = Some(timeout);
+        config.write_timeout = Some(timeout);
+    }
+    Ok(())
 }
 
 /// When an event last happened (core/v1 or events.k8s.io/v1 writers fill different fields).

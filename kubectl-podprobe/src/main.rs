@@ -72,7 +72,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             if rows.is_empty() && args.output.is_none() {
                 eprintln!("No pods with PodProbeMarker probes found.");
             } else {
-                render::rows(&mut out, &rows, args.output, args.all_namespaces)?;
+                render::rows(
+                    &mut out,
+                    &rows,
+                    args.output,
+                    args.all_namespaces,
+                    !args.no_headers,
+                )?;
             }
         }
         Command::Explain(args) => {

@@ -17,8 +17,19 @@ pub fn rows(
     rows: &[ProbeRow],
     format: Option<Output>,
     namespaces: bool,
+    headers: bool,
 ) -> io::Result<()> {
     match format {
+        Some(Output::Name) => {
+            let mut seen = std::collections::BTreeSet::new();
+            for r in rows {
+                // kubectl's -o name; with -A the namespace is not part of it either.
+                if seen.insert((&r.namespace, &r.pod)) {
+                    writeln!(out, "pod/{}", r.pod)?;
+                }
+            }
+            Ok(())
+        }
         Some(Output::Json) => {
             let list = serde_json::json!({"items": rows});
             writeln!(
@@ -32,8 +43,8 @@ pub fn rows(
             let yaml = serde_saphyr::to_string(&list).map_err(io::Error::other)?;
             write!(out, "{yaml}")
         }
-        Some(Output::Wide) => table(out, rows, true, namespaces),
-        None => table(out, rows, false, namespaces),
+        Some(Output::Wide) => table(out, rows, true, namespaces, headers),
+        None => table(out, rows, false, namespaces, headers),
     }
 }
 
@@ -42,6 +53,7 @@ fn table(
     rows: &[ProbeRow],
     wide: bool,
     all_namespaces: bool,
+    headers: bool,
 ) -> io::Result<()> {
     let mut lines: Vec<Vec<String>> = Vec::new();
     let mut header = vec![
@@ -93,7 +105,8 @@ fn table(
                 .unwrap_or(0)
         })
         .collect();
-    for line in &lines {
+    let skip = usize::from(!headers);
+    for line in lines.iter().skip(skip) {
         let cells: Vec<String> = line
             .iter()
             .zip(&widths)

@@ -214,12 +214,17 @@ impl Cluster {
             .create(&pp, &binding)
             .await
             .unwrap();
-        let token = self.cp.service_account_token(NS, "viewer").await.unwrap();
+        let token = self.viewer_token().await;
         let file = tempfile::NamedTempFile::new().unwrap();
         self.cp
             .write_kubeconfig_for_token(file.path(), &token)
             .unwrap();
         file
+    }
+
+    /// A token of the viewer account ([`Cluster::viewer_kubeconfig`] creates it).
+    async fn viewer_token(&self) -> String {
+        self.cp.service_account_token(NS, "viewer").await.unwrap()
     }
 
     /// The plugin as the admin; panics unless it exited 0.
@@ -377,6 +382,34 @@ async fn explain_names_the_first_broken_link_for_each_cause() {
     );
     let (code, _, stderr) = cluster.plugin_as(viewer.path(), &["get"]);
     assert_eq!(code, Some(0), "{stderr}");
+    // kubectl's connection flags over the admin's kubeconfig: the viewer's token, and the
+    // viewer impersonated; both are refused the node as the viewer is.
+    let admin = cluster.cp.admin_kubeconfig();
+    let token = cluster.viewer_token().await;
+    let as_viewer = format!("system:serviceaccount:{NS}:viewer");
+    for flags in [["--token", token.as_str()], ["--as", as_viewer.as_str()]] {
+        let mut args = flags.to_vec();
+        args.extend(["explain", "gs-ok"]);
+        let (code, got, stderr) = cluster.plugin_as(&admin, &args);
+        assert_eq!(code, Some(0), "{flags:?}: {got}{stderr}");
+        assert!(got.contains("node vk-1 not checked"), "{flags:?}: {got}");
+    }
+    // --server: the same apiserver named on the command line; a wrong one is an error (1).
+    let wrong = [
+        "--server",
+        "https://127.0.0.1:1",
+        "--request-timeout",
+        "5s",
+        "get",
+    ];
+    let (code, _, stderr) = cluster.plugin_as(&admin, &wrong);
+    assert_eq!(code, Some(1), "{stderr}");
+
+    // -o name and --no-headers, for scripts and pipes to kubectl.
+    let names = cluster.plugin(&["get", "gs-false", "gs-ok", "-o", "name"]);
+    assert_eq!(names, "pod/gs-false\npod/gs-ok\n");
+    let bare = cluster.plugin(&["get", "gs-ok", "--no-headers"]);
+    assert!(bare.starts_with("gs-ok "), "{bare}");
     assert_eq!(cluster.plugin(&["get"]), GET);
 
     // -o json: the same rows, in full, for scripts.
