@@ -37,22 +37,25 @@ fn workspace() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-/// The first `sh` block under the README's `## Install` heading.
-fn readme_install_block() -> String {
+/// The `sh` blocks under the README's `## Install` heading, in order.
+fn readme_install_blocks() -> Vec<String> {
     let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
     let section = readme
         .split_once("\n## Install\n")
         .expect("README.md has an Install section")
         .1;
-    let block = section
-        .split_once("```sh\n")
-        .expect("an sh block under Install")
-        .1;
-    block
-        .split_once("\n```")
-        .expect("the sh block ends")
-        .0
-        .to_owned()
+    let section = section.split_once("\n## ").map_or(section, |(s, _)| s);
+    section
+        .split("```sh\n")
+        .skip(1)
+        .map(|block| {
+            block
+                .split_once("\n```")
+                .expect("the sh block ends")
+                .0
+                .to_owned()
+        })
+        .collect()
 }
 
 /// The chart's default images: the manager's and the injected sidecar's.
@@ -72,9 +75,9 @@ fn chart_default_images() -> (String, String) {
 }
 
 /// Runs `script` as a user's shell would from a clone: in the workspace, with the tools built
-/// here first on `PATH` and the cluster's admin kubeconfig; panics with its output unless it
-/// succeeded.
-fn run_as_user(cp: &ControlPlane, node: &testkit::real::Node, script: &str) {
+/// here first on `PATH` and the cluster's admin kubeconfig; its stdout, or a panic with its
+/// output unless it succeeded.
+fn run_as_user(cp: &ControlPlane, node: &testkit::real::Node, script: &str) -> String {
     let helm = cp.helm().unwrap();
     let mut shell = Command::new("bash");
     shell
@@ -108,6 +111,7 @@ fn run_as_user(cp: &ControlPlane, node: &testkit::real::Node, script: &str) {
             node.kubelet_log_tail(30)
         );
     }
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The documents of `examples/recipes/<name>`, each Deployment's placeholder image replaced
@@ -208,7 +212,13 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     node.tag_image(MANAGER_IMAGE, &manager_image).unwrap();
     node.tag_image(SIDECAR_IMAGE, &sidecar_image).unwrap();
 
-    run_as_user(&cp, &node, &readme_install_block());
+    let blocks = readme_install_blocks();
+    assert_eq!(
+        blocks.len(),
+        2,
+        "the install, then a first PodProbeMarker: {blocks:?}"
+    );
+    run_as_user(&cp, &node, &blocks[0]);
 
     // The idle recipe: /idle.sh in the game container, which the sidecar's image lacks.
     apply(&cp, &recipe("idle-deletion-cost.yaml"));
@@ -222,6 +232,21 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
         .await;
     }
     let (busy, other) = (&arena[0], &arena[1]);
+    // The README's look at them, as written (its `kubectl apply` is the one above, with the
+    // image a user would have set).
+    let look: Vec<&str> = blocks[1]
+        .lines()
+        .filter(|l| !l.starts_with("kubectl apply"))
+        .collect();
+    let table = run_as_user(&cp, &node, &look.join("\n"));
+    for name in &arena {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.split_whitespace().eq([name.as_str(), "True", "-5"])),
+            "{table}"
+        );
+    }
     let log = logs(&pods, busy, SIDECAR).await;
     assert!(log.contains("exec_mode=api"), "{log}");
     exec(&pods, busy, "arena", "touch /var/run/game/players").await;
