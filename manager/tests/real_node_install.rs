@@ -90,7 +90,12 @@ fn run_as_user(cp: &ControlPlane, node: &testkit::real::Node, script: &str) -> S
         }
     }
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut dirs = vec![tools::bin_dir().unwrap().to_path_buf()];
+    let plugin = testkit::workspace::binary("kubectl-podprobe", "kubectl-podprobe");
+    let mut dirs = vec![
+        tools::bin_dir().unwrap().to_path_buf(),
+        // As `cargo install --path kubectl-podprobe` leaves it: kubectl finds its plugin there.
+        plugin.parent().unwrap().to_path_buf(),
+    ];
     dirs.extend(std::env::split_paths(&path));
     shell.env("PATH", std::env::join_paths(dirs).unwrap());
     let out = shell.output().expect("run bash");
@@ -238,13 +243,31 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
         .lines()
         .filter(|l| !l.starts_with("kubectl apply"))
         .collect();
-    let table = run_as_user(&cp, &node, &look.join("\n"));
+    let tables = run_as_user(&cp, &node, &look.join("\n"));
     for name in &arena {
         assert!(
-            table
+            tables
                 .lines()
                 .any(|l| l.split_whitespace().eq([name.as_str(), "True", "-5"])),
-            "{table}"
+            "kubectl get:\n{tables}"
+        );
+        let row = [
+            name.as_str(),
+            "idle",
+            IDLE,
+            "True",
+            "idle",
+            "annotation",
+            "controller.kubernetes.io/pod-deletion-cost=-5",
+            "-",
+        ];
+        assert!(
+            tables.lines().any(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                // The two ages (TRANSITION, PROBED) vary: every other cell as the README shows.
+                cells.len() == 10 && cells[..5] == row[..5] && cells[7..] == row[5..]
+            }),
+            "kubectl podprobe get:\n{tables}"
         );
     }
     let log = logs(&pods, busy, SIDECAR).await;
