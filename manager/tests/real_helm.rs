@@ -81,6 +81,29 @@ async fn lint_and_template_in_both_modes() {
         );
     }
 
+    // The standard labels on every object; selectors keep only name and instance, which do
+    // not change on upgrade.
+    let docs = documents(&render(&cp, &sets(&cp, "standalone"), &[]));
+    for doc in &docs {
+        let labels = &doc["metadata"]["labels"];
+        assert!(
+            labels["helm.sh/chart"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("podprobe-"))
+                && labels["app.kubernetes.io/managed-by"] == "Helm"
+                && labels["app.kubernetes.io/version"].is_string(),
+            "{}/{}: {labels}",
+            doc["kind"],
+            doc["metadata"]["name"]
+        );
+    }
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_eq!(
+        deployment["spec"]["selector"]["matchLabels"],
+        serde_json::json!({"app.kubernetes.io/name": "podprobe-manager",
+                           "app.kubernetes.io/instance": "podprobe"})
+    );
+
     // One replica: no PodDisruptionBudget, which would block every drain. No pods/exec for
     // the sidecar when turned off: neither the Role's rule nor its admission policy.
     let mut one = sets(&cp, "standalone");
