@@ -172,13 +172,13 @@ impl Cluster {
             }
             let mut unread = Unread::default();
             let events = match events {
-                Events::Read => self.events(&pod).await.or_else(|e| match e {
-                    FactsError::Api { source, .. } if forbidden(&source).is_some() => {
+                Events::Read => match self.events(&pod).await {
+                    Err(FactsError::Api { source, .. }) if forbidden(&source).is_some() => {
                         unread.events = forbidden(&source);
-                        Ok(Vec::new())
+                        Vec::new()
                     }
-                    other => Err(other),
-                })?,
+                    read => read?,
+                },
                 Events::Skip => Vec::new(),
             };
             let node = match node_name.map(|n| nodes[&n].clone()) {
