@@ -27,7 +27,7 @@ use installed::NS;
 use on_node::{
     SIDECAR, allow_pods_exec, container_id, exec, game_pod, logs, memory_cgroup, memory_stat,
     node_and_chart, node_and_chart_in, node_and_deployed_chart, pod_with_hand_written_sidecar,
-    projected_token, restart_count, wait_each_seen, wait_for,
+    pods_of, projected_token, restart_count, scale_to_zero, wait_each_seen, wait_for,
 };
 use support::{annotation, condition_status, label};
 
@@ -428,18 +428,7 @@ async fn readiness_gate_recipe_takes_a_draining_server_out_of_its_service() {
         .unwrap();
 
     let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
-    let lobby = ListParams::default().labels("app=lobby");
-    let name = async {
-        loop {
-            if let Some(pod) = pods.list(&lobby).await.unwrap().items.first() {
-                return pod.metadata.name.clone().unwrap();
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
-    let name = tokio::time::timeout(Duration::from_secs(60), name)
-        .await
-        .expect("the ReplicaSet created the lobby pod");
+    let name = pods_of(&pods, "lobby", 1).await.remove(0);
     let slices: Api<EndpointSlice> = Api::namespaced(cp.client(), NS);
     let endpoint_ready = |want: bool| {
         let slices = slices.clone();
@@ -481,12 +470,7 @@ async fn readiness_gate_recipe_takes_a_draining_server_out_of_its_service() {
     endpoint_ready(false).await;
     exec(&pods, &name, "lobby", "rm /var/run/game/unhealthy").await;
     endpoint_ready(true).await;
-    // No garbage collector runs here: scale to zero so the ReplicaSet stops recreating it.
-    let scale = json!({"spec": {"replicas": 0}});
-    Api::<Deployment>::namespaced(cp.client(), NS)
-        .patch("lobby", &PatchParams::default(), &Patch::Merge(&scale))
-        .await
-        .unwrap();
+    scale_to_zero(cp, NS, "lobby").await;
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

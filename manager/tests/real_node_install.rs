@@ -16,15 +16,16 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{AttachParams, ListParams, Patch, PatchParams};
+use kube::api::AttachParams;
 use serde_json::{Value, json};
 use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
 use testkit::real::{ControlPlane, NodeOptions, tools};
 
-use on_node::{SIDECAR, exec, logs, node_for_workloads, projected_token, wait_for};
+use on_node::{
+    SIDECAR, exec, logs, node_for_workloads, pods_of, projected_token, scale_to_zero, wait_for,
+};
 use support::{annotation, condition_status};
 
 /// The namespace the README's install opts in.
@@ -151,30 +152,6 @@ fn apply(cp: &ControlPlane, docs: &[Value]) {
     );
 }
 
-/// The names of the pods labelled `app=<app>` once there are `count` of them.
-async fn pods_of(pods: &Api<Pod>, app: &str, count: usize) -> Vec<String> {
-    let selector = ListParams::default().labels(&format!("app={app}"));
-    let wait = async {
-        loop {
-            let names: Vec<String> = pods
-                .list(&selector)
-                .await
-                .unwrap()
-                .items
-                .into_iter()
-                .filter_map(|p| p.metadata.name)
-                .collect();
-            if names.len() == count {
-                return names;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), wait)
-        .await
-        .unwrap_or_else(|_| panic!("{count} pods labelled app={app}"))
-}
-
 /// Execs `sh -c :` in `pod`'s game container as `client`: `Ok` when it ran, else the apiserver's
 /// refusal.
 async fn exec_as(client: kube::Client, pod: &str, container: &str) -> Result<(), kube::Error> {
@@ -192,18 +169,6 @@ async fn exec_as(client: kube::Client, pod: &str, container: &str) -> Result<(),
         .expect("exec status");
     assert_eq!(status.status.as_deref(), Some("Success"), "{status:?}");
     Ok(())
-}
-
-async fn scale_to_zero(cp: &ControlPlane, name: &str) {
-    // No garbage collector runs here: scaling to zero stops the ReplicaSet recreating pods.
-    Api::<Deployment>::namespaced(cp.client(), GAMES)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"replicas": 0}})),
-        )
-        .await
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -302,8 +267,8 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     })
     .await;
 
-    scale_to_zero(&cp, "arena").await;
-    scale_to_zero(&cp, "lobby").await;
+    scale_to_zero(&cp, GAMES, "arena").await;
+    scale_to_zero(&cp, GAMES, "lobby").await;
     let leftovers = node.stop(&cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -7,10 +7,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::Api;
-use kube::api::{AttachParams, LogParams, PostParams};
+use kube::api::{AttachParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
@@ -131,6 +132,44 @@ pub async fn node_for_workloads(options: NodeOptions) -> (ControlPlane, Node) {
     cp.start_scheduler()
         .unwrap_or_else(|e| panic!("kube-scheduler: {e}"));
     (cp, node)
+}
+
+/// The names of the pods of `pods` labelled `app=<app>`, once there are `count` of them (a
+/// controller creates them).
+pub async fn pods_of(pods: &Api<Pod>, app: &str, count: usize) -> Vec<String> {
+    let selector = ListParams::default().labels(&format!("app={app}"));
+    let wait = async {
+        loop {
+            let names: Vec<String> = pods
+                .list(&selector)
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            if names.len() == count {
+                return names;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{count} pods labelled app={app}"))
+}
+
+/// Scales Deployment `name` to zero: no garbage collector runs here, so this is what stops its
+/// ReplicaSet recreating the pods before the node stops.
+pub async fn scale_to_zero(cp: &ControlPlane, namespace: &str, name: &str) {
+    Api::<Deployment>::namespaced(cp.client(), namespace)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
 }
 
 /// The `containerd://` id of container `name` (init or regular) as the pod's status says.
