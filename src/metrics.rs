@@ -66,9 +66,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("podprobe");
+        let mut registry = Registry::default();
+        podprobe_ops::process::register_process_metrics(&mut registry);
+        let own = registry.sub_registry_with_prefix("podprobe");
+        podprobe_ops::process::register_build_info(own, env!("CARGO_PKG_VERSION"));
         let attempts = Family::<AttemptLabels, Counter>::default();
-        registry.register(
+        own.register(
             "probe_attempts",
             "Probe attempts by result (succeeded, failed, errored)",
             attempts.clone(),
@@ -76,37 +79,37 @@ impl Metrics {
         let durations = Family::<ProbeLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.0005, 4.0, 9))
         });
-        registry.register(
+        own.register(
             "probe_duration_seconds",
             "Duration of probe attempts that produced a result",
             durations.clone(),
         );
         let state = Family::<ProbeLabels, Gauge>::default();
-        registry.register(
+        own.register(
             "probe_state",
             "Published state per probe: 1 Succeeded, 0 Failed, -1 Unknown",
             state.clone(),
         );
         let writes = Counter::default();
-        registry.register(
+        own.register(
             "status_writes",
             "Pod status patches that succeeded",
             writes.clone(),
         );
         let write_errors = Family::<WriteErrorLabels, Counter>::default();
-        registry.register(
+        own.register(
             "status_write_errors",
             "Pod status patches that failed, by HTTP code (or 'transport')",
             write_errors.clone(),
         );
         let overwrites = Family::<ConditionLabels, Counter>::default();
-        registry.register(
+        own.register(
             "condition_overwrites",
             "Times another writer removed or changed a condition podprobe published",
             overwrites.clone(),
         );
         let annotation_file_reads = Counter::default();
-        registry.register(
+        own.register(
             "annotation_file_reads",
             "Reads of the downward-API annotations file (--source file): one at start, then one per change",
             annotation_file_reads.clone(),

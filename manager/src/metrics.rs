@@ -44,11 +44,15 @@ pub struct Metrics {
     pub status_updates: Family<OutcomeLabel, Counter>,
     pub leader: Gauge,
     pub cert_reloads: Counter,
+    pub cert_reload_errors: Counter,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("podprobe_manager");
+        let mut registry = Registry::default();
+        podprobe_ops::process::register_process_metrics(&mut registry);
+        let own = registry.sub_registry_with_prefix("podprobe_manager");
+        podprobe_ops::process::register_build_info(own, env!("CARGO_PKG_VERSION"));
         let webhook_requests = Family::<WebhookLabels, Counter>::default();
         let webhook_duration = Family::<PathLabel, Histogram>::new_with_constructor(|| {
             Histogram::new([
@@ -60,40 +64,46 @@ impl Default for Metrics {
         let status_updates = Family::<OutcomeLabel, Counter>::default();
         let leader = Gauge::default();
         let cert_reloads = Counter::default();
-        registry.register(
+        let cert_reload_errors = Counter::default();
+        own.register(
             "webhook_requests",
             "AdmissionReview requests by path and result",
             webhook_requests.clone(),
         );
-        registry.register(
+        own.register(
             "webhook_duration_seconds",
             "Time to answer an AdmissionReview, from request head to response",
             webhook_duration.clone(),
         );
-        registry.register(
+        own.register(
             "pod_patches",
             "Pod metadata patches sent (markers and annotation propagation) by outcome",
             pod_patches.clone(),
         );
-        registry.register(
+        own.register(
             "pod_reconciles",
             "Pod reconciles run (each sends at most one patch)",
             pod_reconciles.clone(),
         );
-        registry.register(
+        own.register(
             "status_updates",
             "PodProbeMarker status patches by outcome",
             status_updates.clone(),
         );
-        registry.register(
+        own.register(
             "leader",
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
-        registry.register(
+        own.register(
             "cert_reloads",
             "Webhook certificate reloads",
             cert_reloads.clone(),
+        );
+        own.register(
+            "cert_reload_errors",
+            "Webhook certificate reloads that failed (the previous certificate stays in use)",
+            cert_reload_errors.clone(),
         );
         Self {
             registry,
@@ -104,6 +114,7 @@ impl Default for Metrics {
             status_updates,
             leader,
             cert_reloads,
+            cert_reload_errors,
         }
     }
 }

@@ -120,12 +120,14 @@ impl ReloadingCert {
             .clone()
     }
 
-    /// Reload every `interval` until `shutdown`, counting swaps in `reloads`.
+    /// Reload every `interval` until `shutdown`, counting swaps in `reloads` and failed
+    /// attempts in `errors` (one per interval while the files stay unusable).
     pub async fn watch(
         self: Arc<Self>,
         interval: Duration,
         shutdown: CancellationToken,
         reloads: prometheus_client::metrics::counter::Counter,
+        errors: prometheus_client::metrics::counter::Counter,
     ) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -140,7 +142,10 @@ impl ReloadingCert {
                     tracing::info!(cert = %self.cert_path.display(), "reloaded the webhook certificate")
                 }
                 Ok(false) => {}
-                Err(e) => tracing::warn!("keeping the previous webhook certificate: {e}"),
+                Err(e) => {
+                    errors.inc();
+                    tracing::warn!("keeping the previous webhook certificate: {e}")
+                }
             }
         }
     }

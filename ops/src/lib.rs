@@ -2,8 +2,10 @@
 //!
 //! - [`endpoints`]: `/metrics` (OpenMetrics text), `/healthz` and `/readyz` on a plain HTTP
 //!   listener that outlives accept errors and shuts down gracefully;
+//! - [`process`]: the standard `process_*` metrics and `build_info`, registered by both;
 //! - [`connection`]: one HTTP/1 connection served until it ends or shutdown (the manager's
 //!   webhooks use it too).
 
 pub mod connection;
 pub mod endpoints;
+pub mod process;

@@ -134,6 +134,7 @@ impl Manager {
             options.tls_reload_interval,
             shutdown.clone(),
             metrics.cert_reloads.clone(),
+            metrics.cert_reload_errors.clone(),
         )));
 
         let hooks = Arc::new(Webhooks {
