@@ -49,6 +49,11 @@ pub struct InjectionConfig {
     /// Set `shareProcessNamespace: true`, which the sidecar's `procfs` exec mode needs.
     #[serde(default)]
     pub share_process_namespace: bool,
+    /// Serve the sidecar's /metrics, /healthz and /readyz on this port (container port
+    /// `podprobe-metric`: a port name has at most 15 characters; the chart's PodMonitor selects it). Unset: the sidecar serves nothing, the
+    /// default, since a listener per pod is a cost every pod pays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_port: Option<u16>,
 }
 
 /// When to use a restartable init container instead of an ordinary container.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource,
+    Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource,
     ObjectFieldSelector, Pod, PodReadinessGate, Volume, VolumeMount,
 };
 use serde_json::Value;
@@ -41,6 +41,9 @@ fn label_value<'a>(labels: Option<&'a BTreeMap<String, String>>, key: &str) -> O
     labels.and_then(|l| l.get(key)).map(String::as_str)
 }
 
+/// The sidecar's metrics port name, which the chart's PodMonitor scrapes.
+pub const SIDECAR_METRICS_PORT_NAME: &str = "podprobe-metric";
+
 /// The sidecar container, independent of where it goes.
 pub fn sidecar_container(config: &InjectionConfig, native: bool) -> Container {
     let field_env = |name: &str, path: &str| EnvVar {
@@ -59,12 +62,29 @@ pub fn sidecar_container(config: &InjectionConfig, native: bool) -> Container {
         image: Some(config.image.clone()),
         image_pull_policy: config.image_pull_policy.clone(),
         args: (!config.args.is_empty()).then(|| config.args.clone()),
-        env: Some(vec![
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-            field_env("POD_UID", "metadata.uid"),
-            field_env("POD_IP", "status.podIP"),
-        ]),
+        env: Some(
+            [
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+                field_env("POD_UID", "metadata.uid"),
+                field_env("POD_IP", "status.podIP"),
+            ]
+            .into_iter()
+            .chain(config.metrics_port.map(|port| EnvVar {
+                name: "PODPROBE_METRICS_ADDR".into(),
+                value: Some(format!("0.0.0.0:{port}")),
+                value_from: None,
+            }))
+            .collect(),
+        ),
+        ports: config.metrics_port.map(|port| {
+            vec![ContainerPort {
+                name: Some(SIDECAR_METRICS_PORT_NAME.into()),
+                container_port: port.into(),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            }]
+        }),
         resources: Some(config.resources.clone()),
         security_context: Some(config.security_context.clone()),
         volume_mounts: Some(vec![VolumeMount {
@@ -304,6 +324,28 @@ mod tests {
             Some(true)
         );
         assert!(spec.readiness_gates.is_none());
+        assert!(sidecar.ports.is_none(), "no metrics port unless configured");
+    }
+
+    #[test]
+    fn metrics_port_opts_the_sidecar_into_serving_metrics() {
+        let c =
+            InjectionConfig::from_yaml("image: podprobe:dev\nmetricsPort: 9102\n", "t").unwrap();
+        let sidecar = sidecar_container(&c, false);
+        let addr = sidecar
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "PODPROBE_METRICS_ADDR")
+            .and_then(|e| e.value.as_deref());
+        assert_eq!(addr, Some("0.0.0.0:9102"));
+        let port = &sidecar.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (port.name.as_deref(), port.container_port),
+            (Some(SIDECAR_METRICS_PORT_NAME), 9102)
+        );
+        // Kubernetes refuses port names over 15 characters (IANA service names).
+        assert!(SIDECAR_METRICS_PORT_NAME.len() <= 15);
     }
 
     #[test]

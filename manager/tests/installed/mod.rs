@@ -189,8 +189,8 @@ pub fn kubelet_status(app_container: &str) -> Value {
     }})
 }
 
-/// The injected container run as the kubelet would run it: its args, the downward-API
-/// environment it declares, a token of the pod's ServiceAccount bound to the pod. Exec probes
+/// The injected container run as the kubelet would run it: its args, its environment (the
+/// literal values and the downward-API fields it declares), a token of the pod's ServiceAccount bound to the pod. Exec probes
 /// run in the sidecar's own process (mode `local`): no kubelet runs the pod's other containers
 /// here, so `pods/exec`, which the chart's Role allows and `auto` would take, has nothing to
 /// reach; the tests' commands are local scripts.
@@ -206,8 +206,16 @@ pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account:
         .unwrap();
     let log = running.dir.path().join(format!("{name}.sidecar.log"));
     let meta = &pod.metadata;
+    // The container's literal environment (e.g. PODPROBE_METRICS_ADDR from `metricsPort`); the
+    // downward-API fields are set below from the pod itself.
+    let literal = container
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)));
     let child = Command::new(sidecar_binary())
         .args(container.args.iter().flatten())
+        .envs(literal)
         .env("POD_NAME", meta.name.as_deref().unwrap())
         .env("POD_NAMESPACE", meta.namespace.as_deref().unwrap())
         .env("POD_UID", meta.uid.as_deref().unwrap())
@@ -221,4 +229,55 @@ pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account:
         .spawn()
         .expect("start the sidecar");
     Sidecar { child, log }
+}
+
+/// The condition type of [`listening_marker`]'s probe.
+pub const LISTENING: &str = "example.com/listening";
+
+/// A PodProbeMarker for pods labelled `app=game` in [`NS`]: a tcpSocket probe on `port` every
+/// second, condition [`LISTENING`], marker label `listening=true` while it succeeds.
+pub fn listening_marker(port: u16) -> podprobe_manager::crd::PodProbeMarker {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
+        "metadata": {"name": "listening", "namespace": NS},
+        "spec": {
+            "selector": {"matchLabels": {"app": "game"}},
+            "probes": [{
+                "name": "listening", "containerName": "main",
+                "probe": {"tcpSocket": {"port": port}, "periodSeconds": 1},
+                "podConditionType": LISTENING,
+                "markerPolicy": [{"state": "Succeeded", "labels": {"listening": "true"}}]
+            }]
+        }
+    }))
+    .unwrap()
+}
+
+/// Pod `name` (`app=game`, service account `podprobe-sidecar`, on node `vk-1`) created through
+/// the admission chain once the webhook's cache has the PodProbeMarkers, with the kubelet's
+/// status report written: the pod as the webhook injected it.
+pub async fn admitted_game_pod(running: &Running, name: &str) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "game"}},
+        "spec": {"nodeName": "vk-1", "serviceAccountName": "podprobe-sidecar",
+                 "containers": [{"name": "main", "image": "game:1"}]}
+    }))
+    .unwrap();
+    running
+        .cp
+        .wait_admission(&pod, |p| {
+            support::annotation(p, support::PODPROBE).is_some()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("the pod webhook never sees the PodProbeMarker: {e}"));
+    let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    pods.patch_status(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(kubelet_status("main")),
+    )
+    .await
+    .unwrap();
+    created
 }
