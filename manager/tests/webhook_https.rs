@@ -180,6 +180,34 @@ async fn a_rotated_certificate_is_served_without_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_certificate_is_counted_and_the_previous_one_kept() {
+    let (_api, _dir, s) = setup(Mode::Standalone).await;
+    let metrics = s.manager.metrics_addr.unwrap();
+    let errors = |body: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix("podprobe_manager_cert_reload_errors_total "))
+            .map(|v| v.parse::<f64>().unwrap())
+            .unwrap_or_else(|| panic!("no reload error counter: {body}"))
+    };
+    assert_eq!(errors(&http_get(metrics, "/metrics").await.1), 0.0);
+    std::fs::write(&s.cert.cert_path, "not a certificate").unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while errors(&http_get(metrics, "/metrics").await.1) == 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failed reload is not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        HttpsClient::connect(s.manager.webhook_addr, &s.cert.cert_pem)
+            .await
+            .is_ok(),
+        "the previous certificate is still served"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_health_and_readiness_are_served() {
     let (_api, _dir, s) = setup(Mode::Standalone).await;
     let addr = s.manager.metrics_addr.unwrap();
