@@ -158,6 +158,22 @@ impl Metrics {
         }
     }
 
+    /// A probe's series, at 0 from its start: its attempts by result and its condition's
+    /// overwrites, so alerts on them see the first event (a series appearing at 1 shows no
+    /// increase).
+    pub fn track(&self, probe: &ProbeId) {
+        for result in ["succeeded", "failed", "errored"] {
+            let _ = self.inner.attempts.get_or_create(&AttemptLabels {
+                probe: probe.name.clone(),
+                condition: probe.condition_type.clone(),
+                result,
+            });
+        }
+        let _ = self.inner.overwrites.get_or_create(&ConditionLabels {
+            condition: probe.condition_type.clone(),
+        });
+    }
+
     pub fn state(&self, probe: &ProbeId, state: ProbeState) {
         let value = match state {
             ProbeState::Succeeded => 1,
@@ -258,6 +274,25 @@ mod tests {
             name: "idle".into(),
             condition_type: "game.kruise.io/idle".into(),
         }
+    }
+
+    #[test]
+    fn a_tracked_probe_has_its_series_at_zero_before_any_event() {
+        let m = Metrics::new();
+        m.track(&id());
+        let text = m.encode();
+        for result in ["succeeded", "failed", "errored"] {
+            let series = format!(
+                r#"podprobe_probe_attempts_total{{probe="idle",condition="game.kruise.io/idle",result="{result}"}} 0"#
+            );
+            assert!(text.contains(&series), "{series} in {text}");
+        }
+        assert!(
+            text.contains(
+                r#"podprobe_condition_overwrites_total{condition="game.kruise.io/idle"} 0"#
+            ),
+            "{text}"
+        );
     }
 
     #[test]

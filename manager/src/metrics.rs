@@ -33,6 +33,11 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// Every `result` of [`WebhookLabels`] a known path answers with.
+const WEBHOOK_RESULTS: [&str; 5] = ["allowed", "patched", "denied", "error", "bad_request"];
+/// Every `outcome` of [`OutcomeLabel`].
+const OUTCOMES: [&str; 3] = ["ok", "gone", "error"];
+
 /// Every metric the manager exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -105,6 +110,26 @@ impl Default for Metrics {
             "Webhook certificate reloads that failed (the previous certificate stays in use)",
             cert_reload_errors.clone(),
         );
+        // Every known label value starts at 0, so a series exists before its first event:
+        // `rate()` and `increase()` then see that first error instead of a series appearing at 1.
+        for path in [
+            crate::webhook::MUTATE_PODS_PATH,
+            crate::webhook::VALIDATE_PPM_PATH,
+        ] {
+            for result in WEBHOOK_RESULTS {
+                let _ = webhook_requests.get_or_create(&WebhookLabels {
+                    path: path.into(),
+                    result: result.into(),
+                });
+            }
+        }
+        for outcome in OUTCOMES {
+            let label = OutcomeLabel {
+                outcome: outcome.into(),
+            };
+            let _ = pod_patches.get_or_create(&label);
+            let _ = status_updates.get_or_create(&label);
+        }
         Self {
             registry,
             webhook_requests,
@@ -202,4 +227,23 @@ pub async fn serve(
 ) {
     let endpoints = Arc::new(ManagerEndpoints { metrics, readiness });
     podprobe_ops::endpoints::serve(listener, endpoints, shutdown).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_series_alerts_watch_exist_at_zero_from_the_start() {
+        let text = Metrics::default().encode();
+        for series in [
+            r#"podprobe_manager_webhook_requests_total{path="/mutate-pods",result="error"} 0"#,
+            r#"podprobe_manager_webhook_requests_total{path="/validate-podprobemarkers",result="denied"} 0"#,
+            r#"podprobe_manager_pod_patches_total{outcome="error"} 0"#,
+            r#"podprobe_manager_status_updates_total{outcome="error"} 0"#,
+            "podprobe_manager_cert_reload_errors_total 0",
+        ] {
+            assert!(text.contains(series), "{series} in {text}");
+        }
+    }
 }

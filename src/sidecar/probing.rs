@@ -223,6 +223,9 @@ impl Sidecar {
         }
         let previous =
             std::mem::replace(&mut self.probes, probes.iter().map(ProbeId::of).collect());
+        for probe in &self.probes {
+            self.metrics.track(probe);
+        }
         for probe in previous
             .iter()
             .filter(|p| applied.stopped.contains(&p.condition_type))
