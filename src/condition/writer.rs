@@ -556,6 +556,10 @@ fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
         other => other.to_string(),
     };
     let hint = match code {
+        // Admission refusals are 403s too: blaming RBAC sent users to a Role that was fine.
+        Some(403) if server.contains("ValidatingAdmissionPolicy") => {
+            "an admission policy refused the write: the chart's lets a sidecar write only the pod its token is bound to (POD_NAME must be that pod)"
+        }
         Some(403) => {
             "RBAC does not allow `patch pods/status` for this service account (see the README's Role)"
         }
@@ -671,6 +675,24 @@ mod tests {
         };
         writer.submit(condition);
         (writer, metrics)
+    }
+
+    #[test]
+    fn a_403_names_the_admission_policy_when_one_refused() {
+        let refused = |message: &str| {
+            let status = kube::core::Status::failure(message, "Forbidden").with_code(403);
+            explain("game-1", Some(403), &kube::Error::Api(Box::new(status)))
+        };
+        let by_policy = refused(
+            "pods \"game-1\" is forbidden: ValidatingAdmissionPolicy 'podprobe-sidecar-pod-status' denied request",
+        );
+        assert!(
+            by_policy.contains("an admission policy refused"),
+            "{by_policy}"
+        );
+        assert!(!by_policy.contains("RBAC"), "{by_policy}");
+        let by_rbac = refused("pods \"game-1\" is forbidden: User cannot patch resource");
+        assert!(by_rbac.contains("RBAC does not allow"), "{by_rbac}");
     }
 
     #[test]
