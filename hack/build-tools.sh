@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
-# kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager, krew and its manifest validator)
-# from the Go modules pinned in hack/{k8s,etcd,helm,kruise,krew}, with the ordinary Go toolchain: no
+# kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager, krew and its manifest validator,
+# Prometheus' promtool, and the oldest supported kube-apiserver) from the Go modules pinned in
+# hack/{k8s,k8s-oldest,etcd,helm,kruise,krew,prometheus}, with the ordinary Go toolchain: no
 # prebuilt download. Prints, as the last line of stdout, the directory holding them.
 # OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of the
 # same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml.
@@ -18,7 +19,8 @@ cache_root="${PODPROBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-too
 
 key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etcd/go.sum \
   "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/kruise/go.mod "$hack"/kruise/go.sum \
-  "$hack"/krew/go.mod "$hack"/krew/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
+  "$hack"/krew/go.mod "$hack"/krew/go.sum "$hack"/prometheus/go.mod "$hack"/prometheus/go.sum \
+  "$hack"/k8s-oldest/go.mod "$hack"/k8s-oldest/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
 bin="$dest/bin"
 
@@ -50,6 +52,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=37"
   k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
+# The oldest kube-apiserver the chart supports (Chart.yaml's kubeVersion), for the
+# compatibility tests: named by its version beside the current one.
+oldest_version="v1.30.14"
+oldest_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  oldest_ldflags+=" -X $pkg.gitVersion=$oldest_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=30"
+  oldest_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
 helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
 
 rm -rf "$dest.partial"
@@ -65,6 +75,8 @@ start=$(date +%s)
 build k8s "$k8s_ldflags" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler
+build k8s-oldest "$oldest_ldflags" "$dest.partial/bin/kube-apiserver-$oldest_version" \
+  k8s.io/kubernetes/cmd/kube-apiserver
 build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
 build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
 build kruise "-s -w" "$dest.partial/bin/kruise-manager" github.com/openkruise/kruise
@@ -72,6 +84,8 @@ build kruise "-s -w" "$dest.partial/bin/kruise-manager" github.com/openkruise/kr
 build krew "-s -w" "$dest.partial/bin/kubectl-krew" sigs.k8s.io/krew/cmd/krew
 build krew "-s -w" "$dest.partial/bin/validate-krew-manifest" \
   sigs.k8s.io/krew/cmd/validate-krew-manifest
+# promtool, which checks the chart's alert rules and evaluates them on the binaries' metrics.
+build prometheus "-s -w" "$dest.partial/bin/promtool" github.com/prometheus/prometheus/cmd/promtool
 
 # The module's own install manifests, as `make manifests` + kustomize would deploy them.
 kruise_src="$(cd "$hack/kruise" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/openkruise/kruise)"
