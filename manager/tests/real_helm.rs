@@ -472,3 +472,110 @@ async fn conventional_values_reach_the_manager_and_the_schema_refuses_typos() {
         );
     }
 }
+
+/// The monitoring kit: nothing by default; each object when asked, with the labels a
+/// Prometheus selects by; the PodMonitor refused without sidecar metrics to scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitoring_kit_is_off_by_default_and_rendered_when_asked() {
+    let cp = control_plane().await;
+    let kinds = |docs: &[serde_json::Value]| kinds_and_names(docs);
+    let default = kinds(&documents(&render(&cp, &sets(&cp, "standalone"), &[])));
+    for absent in [
+        "ServiceMonitor/",
+        "PodMonitor/",
+        "PrometheusRule/",
+        "ConfigMap/podprobe-dashboard",
+    ] {
+        assert!(
+            !default.iter().any(|k| k.starts_with(absent)),
+            "{absent} by default: {default:?}"
+        );
+    }
+
+    let mut values = sets(&cp, "standalone");
+    values.extend(
+        [
+            "injection.config.metricsPort=9102",
+            "monitoring.serviceMonitor.enabled=true",
+            "monitoring.serviceMonitor.labels.release=prom",
+            "monitoring.podMonitor.enabled=true",
+            "monitoring.podMonitor.labels.release=prom",
+            "monitoring.prometheusRule.enabled=true",
+            "monitoring.prometheusRule.labels.release=prom",
+            "monitoring.dashboard.enabled=true",
+        ]
+        .map(str::to_owned),
+    );
+    let docs = documents(&render(&cp, &values, &[]));
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind}"))
+    };
+    let service_monitor = find("ServiceMonitor");
+    assert_eq!(service_monitor["metadata"]["labels"]["release"], "prom");
+    assert_eq!(service_monitor["spec"]["endpoints"][0]["port"], "metrics");
+    let service = find("Service");
+    assert!(
+        service["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "metrics"),
+        "the ServiceMonitor's port is the Service's: {service}"
+    );
+    for (k, v) in service_monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .unwrap()
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][k], v,
+            "the ServiceMonitor selects the Service"
+        );
+    }
+    let pod_monitor = find("PodMonitor");
+    assert_eq!(pod_monitor["metadata"]["labels"]["release"], "prom");
+    assert_eq!(
+        pod_monitor["spec"]["podMetricsEndpoints"][0]["port"],
+        podprobe_manager::inject::SIDECAR_METRICS_PORT_NAME
+    );
+    assert_eq!(
+        pod_monitor["spec"]["namespaceSelector"]["matchNames"][0],
+        GAMES
+    );
+    let injection = find("ConfigMap")["data"]["injection.yaml"]
+        .as_str()
+        .unwrap();
+    assert!(injection.contains("metricsPort: 9102"), "{injection}");
+    let rule = find("PrometheusRule");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prom");
+    assert!(
+        rule["spec"]["groups"].as_array().unwrap().len() >= 2,
+        "{rule}"
+    );
+    let dashboard = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == "podprobe-dashboard")
+        .expect("the dashboard ConfigMap");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: serde_json::Value =
+        serde_json::from_str(dashboard["data"]["podprobe.json"].as_str().unwrap())
+            .expect("the dashboard is JSON");
+    assert_eq!(json["uid"], "podprobe");
+
+    let mut without_port = sets(&cp, "standalone");
+    without_port.push("monitoring.podMonitor.enabled=true".to_owned());
+    let out = helm(
+        &cp,
+        "template",
+        &without_port,
+        &["--kube-version", KUBE_VERSION],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("needs injection.config.metricsPort"),
+        "{stderr}"
+    );
+}

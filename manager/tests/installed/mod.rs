@@ -195,14 +195,25 @@ pub fn kubelet_status(app_container: &str) -> Value {
 /// here, so `pods/exec`, which the chart's Role allows and `auto` would take, has nothing to
 /// reach; the tests' commands are local scripts.
 pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account: &str) -> Sidecar {
+    let token = running.cp.pod_token(service_account, pod).await.unwrap();
+    run_injected_sidecar_with(running, pod, &token, &[])
+}
+
+/// [`run_injected_sidecar`] with a given `token` (e.g. one bound to another pod, which the
+/// admission policy refuses) and `env` set over the container's.
+pub fn run_injected_sidecar_with(
+    running: &Running,
+    pod: &Pod,
+    token: &str,
+    env: &[(&str, &str)],
+) -> Sidecar {
     let spec = pod.spec.as_ref().unwrap();
     let container = &spec.init_containers.as_ref().unwrap()[0];
-    let token = running.cp.pod_token(service_account, pod).await.unwrap();
     let name = pod.metadata.name.as_deref().unwrap();
     let kubeconfig = running.dir.path().join(format!("{name}.kubeconfig"));
     running
         .cp
-        .write_kubeconfig_for_token(&kubeconfig, &token)
+        .write_kubeconfig_for_token(&kubeconfig, token)
         .unwrap();
     let log = running.dir.path().join(format!("{name}.sidecar.log"));
     let meta = &pod.metadata;
@@ -223,6 +234,7 @@ pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account:
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "podprobe=debug,info")
         .env("PODPROBE_EXEC_MODE", "local")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
