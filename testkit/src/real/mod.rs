@@ -97,6 +97,10 @@ pub enum Error {
     Other(String),
 }
 
+/// The oldest Kubernetes the chart declares (`kubeVersion` in charts/podprobe/Chart.yaml), whose
+/// kube-apiserver `hack/build-tools.sh` builds beside the current one.
+pub const OLDEST_KUBERNETES: &str = "v1.30.14";
+
 /// etcd + kube-apiserver, running until dropped.
 #[derive(Debug)]
 pub struct ControlPlane {
@@ -134,10 +138,22 @@ impl ControlPlane {
     /// routes the Service to it) and its certificate also names the Service (`10.96.0.1`,
     /// `kubernetes.default.svc`), as in-cluster clients check.
     pub async fn start_on(address: Ipv4Addr) -> Result<ControlPlane, Error> {
+        Self::start_with(address, "kube-apiserver").await
+    }
+
+    /// [`ControlPlane::start`] with the oldest kube-apiserver the chart supports
+    /// ([`OLDEST_KUBERNETES`], built from `hack/k8s-oldest`): what the compatibility tests run
+    /// the install, the webhooks, the admission policies and the sidecar against.
+    pub async fn start_oldest() -> Result<ControlPlane, Error> {
+        let tool = format!("kube-apiserver-{OLDEST_KUBERNETES}");
+        Self::start_with(Ipv4Addr::LOCALHOST, &tool).await
+    }
+
+    async fn start_with(address: Ipv4Addr, apiserver: &str) -> Result<ControlPlane, Error> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_once(address).await {
+            match Self::start_once(address, apiserver).await {
                 Err(Error::Exited(name, status, log))
                     if attempt < 3 && log.contains("address already in use") =>
                 {
@@ -148,8 +164,8 @@ impl ControlPlane {
         }
     }
 
-    async fn start_once(address: Ipv4Addr) -> Result<ControlPlane, Error> {
-        let apiserver_bin = tools::tool("kube-apiserver")?;
+    async fn start_once(address: Ipv4Addr, apiserver: &str) -> Result<ControlPlane, Error> {
+        let apiserver_bin = tools::tool(apiserver)?;
         let etcd_bin = tools::tool("etcd")?;
         let dir = tempfile::Builder::new().prefix("podprobe-cp-").tempdir()?;
         let path = |name: &str| dir.path().join(name);
