@@ -44,22 +44,21 @@ fi
 command -v go >/dev/null || { echo "podprobe tools: the Go toolchain (go) is not installed" >&2; exit 1; }
 
 k8s_version="v1.37.2"
-helm_version="v3.22.0"
-# Release builds stamp their version through ldflags (Kubernetes' hack/lib/version.sh): without
-# it kube-apiserver and kubectl report v0.0.0, which clients and helm's kubeVersion checks read.
-k8s_ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=37"
-  k8s_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
 # The oldest kube-apiserver the chart supports (Chart.yaml's kubeVersion), for the
 # compatibility tests: named by its version beside the current one.
 oldest_version="v1.30.14"
-oldest_ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  oldest_ldflags+=" -X $pkg.gitVersion=$oldest_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=30"
-  oldest_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-done
+helm_version="v3.22.0"
+# Release builds stamp their version through ldflags (Kubernetes' hack/lib/version.sh): without
+# it kube-apiserver and kubectl report v0.0.0, which clients and helm's kubeVersion checks read.
+k8s_ldflags() { # vMAJOR.MINOR.PATCH
+  local minor flags="-s -w" pkg
+  minor="$(echo "$1" | cut -d. -f2)"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=$1 -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
 helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
 
 rm -rf "$dest.partial"
@@ -72,10 +71,10 @@ build() { # module dir, ldflags, output (a file, or the bin dir for several), pa
     -o "$out" "$@") >&2
 }
 start=$(date +%s)
-build k8s "$k8s_ldflags" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserver \
+build k8s "$(k8s_ldflags "$k8s_version")" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler
-build k8s-oldest "$oldest_ldflags" "$dest.partial/bin/kube-apiserver-$oldest_version" \
+build k8s-oldest "$(k8s_ldflags "$oldest_version")" "$dest.partial/bin/kube-apiserver-$oldest_version" \
   k8s.io/kubernetes/cmd/kube-apiserver
 build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
 build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
