@@ -17,17 +17,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Api;
-use kube::api::PostParams;
-use podprobe_manager::crd::PodProbeMarker;
 use podprobe_manager::webhook::Mode;
 use serde_json::{Value, json};
-use support::{condition_status, label, wait_pod};
 
 use installed::{
-    LISTENING, NS, admitted_game_pod, install_and_run_with, listening_marker, run_injected_sidecar,
-    run_injected_sidecar_with,
+    NS, admitted_game_pod, install_and_run_with, listening_target, run_injected_sidecar,
+    run_injected_sidecar_with, wait_marked,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -200,19 +195,10 @@ async fn alerts_and_dashboard_fit_the_metrics_the_binaries_expose() {
         .port();
     let set = format!("injection.config.metricsPort={metrics_port}");
     let running = install_and_run_with(cp, Mode::Standalone, &["--set", &set]).await;
-    let admin = running.cp.client();
 
-    // A probe target, a PodProbeMarker, a pod the webhook injects, the sidecar it describes.
-    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
-        .create(
-            &PostParams::default(),
-            &listening_marker(target.local_addr().unwrap().port()),
-        )
-        .await
-        .unwrap();
+    // A probe target, a PodProbeMarker, a pod the webhook injects.
+    let _target = listening_target(&running).await;
     let pod = admitted_game_pod(&running, "game-0").await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     let sidecar_container = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
     assert_eq!(
         sidecar_container.ports.as_ref().unwrap()[0].container_port,
@@ -220,14 +206,7 @@ async fn alerts_and_dashboard_fit_the_metrics_the_binaries_expose() {
         "the injected sidecar declares its metrics port"
     );
     let _sidecar = run_injected_sidecar(&running, &pod, "podprobe-sidecar").await;
-    let marked = wait_pod(&pods, "game-0", "condition and marker", |p| {
-        label(p, "listening").as_deref() == Some("true")
-    })
-    .await;
-    assert_eq!(
-        condition_status(&marked, LISTENING).as_deref(),
-        Some("True")
-    );
+    wait_marked(&running, "game-0").await;
 
     // A sidecar whose writes the apiserver refuses, for real: game-1's, run with a token bound
     // to game-0, which the pods/status admission policy turns away (403).

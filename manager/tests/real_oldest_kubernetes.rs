@@ -10,15 +10,14 @@ mod support;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use podprobe_manager::crd::PodProbeMarker;
+use kube::api::{Patch, PatchParams};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
-use support::{condition_status, label, wait_pod};
 use testkit::real::{ControlPlane, OLDEST_KUBERNETES};
 
 use installed::{
-    LISTENING, NS, admitted_game_pod, install_and_run_with, listening_marker, run_injected_sidecar,
+    LISTENING, NS, admitted_game_pod, install_and_run_with, listening_target, run_injected_sidecar,
+    wait_marked,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,15 +29,8 @@ async fn install_inject_probe_and_mark_on_the_oldest_apiserver() {
     assert_eq!(version.git_version, OLDEST_KUBERNETES);
 
     let running = install_and_run_with(cp, Mode::Standalone, &[]).await;
-    let admin = running.cp.client();
-    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
-        .create(
-            &PostParams::default(),
-            &listening_marker(target.local_addr().unwrap().port()),
-        )
-        .await
-        .unwrap();
+    // A probe target, a PodProbeMarker, a pod the webhook injects.
+    let _target = listening_target(&running).await;
     let pod = admitted_game_pod(&running, "game-0").await;
     let spec = pod.spec.as_ref().unwrap();
     assert_eq!(
@@ -51,15 +43,7 @@ async fn install_inject_probe_and_mark_on_the_oldest_apiserver() {
     let neighbour = admitted_game_pod(&running, "game-1").await;
 
     let _sidecar = run_injected_sidecar(&running, &pod, "podprobe-sidecar").await;
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
-    let marked = wait_pod(&pods, "game-0", "condition and marker", |p| {
-        label(p, "listening").as_deref() == Some("true")
-    })
-    .await;
-    assert_eq!(
-        condition_status(&marked, LISTENING).as_deref(),
-        Some("True")
-    );
+    wait_marked(&running, "game-0").await;
 
     // game-0's sidecar token may not write game-1's conditions: the policy holds on 1.30.
     let token = running

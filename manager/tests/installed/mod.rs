@@ -265,6 +265,34 @@ pub fn listening_marker(port: u16) -> podprobe_manager::crd::PodProbeMarker {
     .unwrap()
 }
 
+/// A TCP listener for the probe to find, and [`listening_marker`] aimed at it, created in
+/// [`NS`]. Keep the listener: the probe succeeds while it lives.
+pub async fn listening_target(running: &Running) -> std::net::TcpListener {
+    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    Api::<podprobe_manager::crd::PodProbeMarker>::namespaced(running.cp.client(), NS)
+        .create(
+            &PostParams::default(),
+            &listening_marker(target.local_addr().unwrap().port()),
+        )
+        .await
+        .unwrap();
+    target
+}
+
+/// Waits until pod `name` carries [`LISTENING`] True and the marker label it earns.
+pub async fn wait_marked(running: &Running, name: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
+    let marked = support::wait_pod(&pods, name, "condition and marker", |p| {
+        support::label(p, "listening").as_deref() == Some("true")
+    })
+    .await;
+    assert_eq!(
+        support::condition_status(&marked, LISTENING).as_deref(),
+        Some("True")
+    );
+    marked
+}
+
 /// Pod `name` (`app=game`, service account `podprobe-sidecar`, on node `vk-1`) created through
 /// the admission chain once the webhook's cache has the PodProbeMarkers, with the kubelet's
 /// status report written: the pod as the webhook injected it.
