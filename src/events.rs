@@ -1,10 +1,17 @@
 //! Kubernetes Events on the sidecar's pod: `KruiseProbeSucceeded` / `KruiseProbeFailed` on state
 //! transitions (the reasons OpenKruise users already watch), and rate-limited warnings
-//! `PodProbeInvalid` / `PodProbeError` / `PodProbeConditionOverwritten`. Publishing never blocks probing: each event is sent from
-//! its own task, and a failure is only logged.
+//! `PodProbeInvalid` / `PodProbeError` / `PodProbeConditionOverwritten`. Publishing never blocks
+//! probing: each event is sent from its own task, and a failure is only logged. Every Event
+//! passes client-go's spam filter first ([`EventBudget`]), as the kubelet's and kruise-daemon's
+//! probe events do: a pod flipping all day costs the apiserver one Event write per type every
+//! five minutes, not one per transition.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::time::Duration;
+
+use governor::clock::Clock;
+use governor::{Quota, RateLimiter};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -43,9 +50,74 @@ impl EventReason {
 /// A warning with the same key is emitted at most once per this interval.
 pub const WARNING_INTERVAL: Duration = Duration::from_secs(600);
 
+/// How many Events of one type (Normal, Warning) a sidecar publishes: `burst` at once, then
+/// one per `refill`. client-go's EventCorrelator filters every recorder's Events this way
+/// (burst 25, one per 5 minutes, keyed by source, object and type), so the defaults make
+/// podprobe exactly as frugal as the kubelet and kruise-daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventBudget {
+    pub burst: NonZeroU32,
+    pub refill: Duration,
+}
+
+impl Default for EventBudget {
+    fn default() -> Self {
+        EventBudget {
+            burst: NonZeroU32::new(25).expect("non-zero"),
+            refill: Duration::from_secs(300),
+        }
+    }
+}
+
+/// governor's clock on tokio's time, so that paused-time tests drive the budget.
+#[derive(Debug, Clone, Copy, Default)]
+struct TokioClock;
+
+impl Clock for TokioClock {
+    type Instant = std::time::Instant;
+    fn now(&self) -> Self::Instant {
+        Instant::now().into_std()
+    }
+}
+
+type Limiter = RateLimiter<
+    governor::state::NotKeyed,
+    governor::state::InMemoryState,
+    TokioClock,
+    governor::middleware::NoOpMiddleware<std::time::Instant>,
+>;
+
+/// One budget per Event type, as client-go's spam key includes the type.
+struct Budgets {
+    normal: Limiter,
+    warning: Limiter,
+}
+
+impl Budgets {
+    fn new(budget: EventBudget) -> Self {
+        // A zero refill would be no limit at all; governor needs a non-zero period.
+        let period = budget.refill.max(Duration::from_nanos(1));
+        let quota = Quota::with_period(period)
+            .expect("non-zero period")
+            .allow_burst(budget.burst);
+        Budgets {
+            normal: RateLimiter::direct_with_clock(quota, TokioClock),
+            warning: RateLimiter::direct_with_clock(quota, TokioClock),
+        }
+    }
+
+    fn take(&self, type_: EventType) -> bool {
+        match type_ {
+            EventType::Normal => self.normal.check().is_ok(),
+            EventType::Warning => self.warning.check().is_ok(),
+        }
+    }
+}
+
 /// Where events go (or nowhere, with `--events=false`).
 pub struct EventSink {
     recorder: Option<Recorder>,
+    budgets: Budgets,
     pod: ObjectReference,
     last_warning: HashMap<String, Instant>,
 }
@@ -60,13 +132,19 @@ impl std::fmt::Debug for EventSink {
 }
 
 impl EventSink {
-    pub fn new(client: Client, pod: ObjectReference, instance: Option<String>) -> Self {
+    pub fn new(
+        client: Client,
+        pod: ObjectReference,
+        instance: Option<String>,
+        budget: EventBudget,
+    ) -> Self {
         let reporter = Reporter {
             controller: "podprobe".into(),
             instance,
         };
         EventSink {
             recorder: Some(Recorder::new(client, reporter)),
+            budgets: Budgets::new(budget),
             pod,
             last_warning: HashMap::new(),
         }
@@ -75,6 +153,7 @@ impl EventSink {
     pub fn disabled() -> Self {
         EventSink {
             recorder: None,
+            budgets: Budgets::new(EventBudget::default()),
             pod: ObjectReference::default(),
             last_warning: HashMap::new(),
         }
@@ -150,6 +229,13 @@ impl EventSink {
         let Some(recorder) = self.recorder.clone() else {
             return;
         };
+        if !self.budgets.take(type_) {
+            tracing::debug!(
+                reason = reason.as_str(),
+                "event not published: this pod's event budget is spent (--event-burst, --event-refill)"
+            );
+            return;
+        }
         let pod = self.pod.clone();
         // Event notes are limited to 1 KiB by the events API.
         let note = crate::probe::truncate_message(note);
@@ -180,5 +266,39 @@ mod tests {
         assert!(sink.allow("error/b".into()));
         tokio::time::advance(WARNING_INTERVAL).await;
         assert!(sink.allow("error/a".into()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_event_type_has_a_burst_then_one_per_refill() {
+        let budget = EventBudget {
+            burst: NonZeroU32::new(3).unwrap(),
+            refill: Duration::from_secs(300),
+        };
+        let budgets = Budgets::new(budget);
+        for _ in 0..3 {
+            assert!(budgets.take(EventType::Normal));
+        }
+        assert!(!budgets.take(EventType::Normal), "the burst is spent");
+        assert!(
+            budgets.take(EventType::Warning),
+            "warnings have their own budget"
+        );
+        tokio::time::advance(Duration::from_secs(299)).await;
+        assert!(
+            !budgets.take(EventType::Normal),
+            "one comes back per refill"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(budgets.take(EventType::Normal));
+        assert!(!budgets.take(EventType::Normal));
+    }
+
+    #[test]
+    fn the_default_budget_is_client_gos_spam_filter() {
+        let budget = EventBudget::default();
+        assert_eq!(
+            (budget.burst.get(), budget.refill),
+            (25, Duration::from_secs(300))
+        );
     }
 }

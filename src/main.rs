@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod args;
 use args::{Exec, Output, Source, Timing};
 use podprobe::check::{self, CheckOptions};
+use podprobe::events::EventBudget;
 use podprobe::pod::PodIdentity;
 use podprobe::sidecar::{self, SidecarOptions};
 
@@ -132,7 +133,10 @@ impl From<RunArgs> for SidecarOptions {
             refresh_interval: args.refresh_interval,
             coalesce: args.coalesce_window,
             prune_conditions: args.prune_conditions,
-            events: args.events,
+            events: args.events.then_some(EventBudget {
+                burst: args.event_burst,
+                refill: args.event_refill,
+            }),
             metrics_addr: args.metrics_addr,
             exec_mode: args.exec_mode.into(),
         }
@@ -205,6 +209,17 @@ struct RunArgs {
     /// PodProbeError warnings); `--events=false` turns them off.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     events: bool,
+
+    /// Events of one type (Normal, Warning) this pod's sidecar may publish at once before
+    /// `--event-refill` applies: client-go's spam filter, which the kubelet's and
+    /// kruise-daemon's probe events go through (25).
+    #[arg(long, default_value = "25")]
+    event_burst: std::num::NonZeroU32,
+
+    /// Once the burst is spent, one Event per type per this interval (client-go: 5m). A pod
+    /// flipping all day then writes one Event every 5 minutes instead of one per transition.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    event_refill: Duration,
 
     /// Serve /metrics (Prometheus), /healthz and /readyz on this address, e.g. 0.0.0.0:9102.
     /// Off by default.

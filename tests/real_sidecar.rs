@@ -552,9 +552,13 @@ async fn without_patch_rights_the_sidecar_explains_the_403_and_keeps_probing() {
 /// Not a timed test: it asserts the count (one status patch per transition, as kube-apiserver's
 /// own `apiserver_request_total` counts it) and prints what a transition costs the apiserver
 /// (every request by verb and resource) and the PATCH latency the apiserver measured.
+/// Twenty transitions: twenty status patches as the apiserver counts them, and Events only
+/// within the budget (`--event-burst 5`, refill far beyond the test): the condition is always
+/// written, the Events stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_transition_is_one_status_patch_as_the_apiserver_counts_it() {
     const TRANSITIONS: u64 = 20;
+    const EVENT_BURST: usize = 5;
     let cluster = RealCluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
@@ -562,8 +566,17 @@ async fn each_transition_is_one_status_patch_as_the_apiserver_counts_it() {
         .create_pod("gs-n", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
         .await;
     let port = free_port();
+    let burst = EVENT_BURST.to_string();
     let _sidecar = cluster
-        .sidecar(&pod, &["--metrics-addr", &format!("127.0.0.1:{port}")])
+        .sidecar(
+            &pod,
+            &[
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--event-burst",
+                &burst,
+            ],
+        )
         .await;
     wait_counter(port, "podprobe_status_writes_total", 1).await;
     let attempts_now = attempts(port, "c/p").await;
@@ -608,6 +621,13 @@ async fn each_transition_is_one_status_patch_as_the_apiserver_counts_it() {
         ms(0.99)
     );
     assert_eq!(patches, TRANSITIONS, "status patches: {delta:?}");
+
+    // 21 results (the first and 20 transitions) and five Events: the budget's burst. The
+    // fifth went out at the fourth transition, long before this reads the audit log.
+    let events = cluster.audit_by_sidecar(|e| {
+        (e.is("create", "events", None) || e.is("patch", "events", None)) && e.code() < 300
+    });
+    assert_eq!(events.len(), EVENT_BURST, "event writes: {events:#?}");
 }
 
 /// Waits until the sidecar's counter `name` (no labels) reaches `n`.

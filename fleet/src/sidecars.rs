@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use podprobe::events::EventBudget;
 use podprobe::pod::{PodIdentity, SourceKind};
 use podprobe::probe::ExecMode;
 use podprobe::runner::TimingDefaults;
@@ -51,7 +52,7 @@ pub fn options(pod: &FleetPod, source: Source) -> SidecarOptions {
         refresh_interval: Duration::from_secs(600),
         coalesce: Duration::from_millis(200),
         prune_conditions: false,
-        events: true,
+        events: Some(EventBudget::default()),
         metrics_addr: None,
         exec_mode: ExecMode::Local,
     }

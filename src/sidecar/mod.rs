@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::condition::writer::ApiserverAnswered;
-use crate::events::EventSink;
+use crate::events::{EventBudget, EventSink};
 use crate::metrics::Metrics;
 use crate::pod::{self, PodIdentity, PodView, SourceKind};
 use crate::probe::ExecMode;
@@ -36,7 +36,8 @@ pub struct SidecarOptions {
     pub refresh_interval: Duration,
     pub coalesce: Duration,
     pub prune_conditions: bool,
-    pub events: bool,
+    /// Events on this pod and their budget; `None` with `--events=false`.
+    pub events: Option<EventBudget>,
     pub metrics_addr: Option<SocketAddr>,
     /// Where exec probes run (`api` and `auto` exec into this pod with the sidecar's client).
     pub exec_mode: ExecMode,
@@ -154,9 +155,9 @@ fn start_source(
 
 /// Events on this pod, or none with `--events=false`.
 fn event_sink(client: &Client, options: &SidecarOptions) -> EventSink {
-    if !options.events {
+    let Some(budget) = options.events else {
         return EventSink::disabled();
-    }
+    };
     let identity = &options.identity;
     let pod = ObjectReference {
         api_version: Some("v1".into()),
@@ -166,7 +167,7 @@ fn event_sink(client: &Client, options: &SidecarOptions) -> EventSink {
         uid: identity.uid.clone(),
         ..Default::default()
     };
-    EventSink::new(client.clone(), pod, Some(identity.name.clone()))
+    EventSink::new(client.clone(), pod, Some(identity.name.clone()), budget)
 }
 
 /// How often due `lastProbeTime` refreshes are looked for: a tenth of the interval, within
