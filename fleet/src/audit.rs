@@ -3,9 +3,9 @@
 //! patches and marker writes the pod got before its next flip. Read as a stream: at 10 000
 //! pods the log is hundreds of megabytes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
 use testkit::real::AuditEvent;
@@ -19,6 +19,67 @@ enum Write {
     Status(Option<bool>),
     /// A write of the pod's metadata by anyone but the admin: the manager's markers.
     Marker,
+}
+
+/// The audit log at `path` and the files the apiserver rotated it into (`audit-<time>.log`
+/// beside it, every 100 MB by default), oldest first.
+fn audit_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
+        })
+        .collect();
+    files.sort();
+    files.push(path.to_path_buf());
+    Ok(files)
+}
+
+/// The sidecars' requests the apiserver finished answering in `[from, to)`, counted by
+/// `verb resource[/subresource]`: what an idle fleet asks of the apiserver (nothing should
+/// write; a watch ends at most once per pod in a window shorter than its timeout).
+pub fn sidecar_requests(
+    path: &Path,
+    from: Timestamp,
+    to: Timestamp,
+) -> std::io::Result<BTreeMap<String, usize>> {
+    let sidecar = format!("\"system:serviceaccount:{NS}:{SIDECAR_SA}\"");
+    let mut counts = BTreeMap::new();
+    for file in audit_files(path)? {
+        for line in std::io::BufReader::new(std::fs::File::open(file)?).lines() {
+            let line = line?;
+            if !line.contains(&sidecar) {
+                continue;
+            }
+            let Ok(event) = serde_json::from_str::<AuditEvent>(&line) else {
+                continue;
+            };
+            let Some(at) = event
+                .stage_timestamp
+                .as_deref()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+            else {
+                continue;
+            };
+            if at < from || at >= to {
+                continue;
+            }
+            let what = match &event.object_ref {
+                Some(o) if o.subresource.is_empty() => format!("{} {}", event.verb, o.resource),
+                Some(o) => format!("{} {}/{}", event.verb, o.resource, o.subresource),
+                None => format!("{} {}", event.verb, event.request_uri),
+            };
+            *counts.entry(what).or_insert(0) += 1;
+        }
+    }
+    Ok(counts)
 }
 
 /// Per pod index, its successful writes in the order answered.
@@ -39,26 +100,10 @@ pub struct FlipCost {
 }
 
 impl Writes {
-    /// Reads the audit log at `path` and the files the apiserver rotated it into
-    /// (`audit-<time>.log` beside it, every 100 MB by default).
+    /// Reads the audit log at `path` and the files the apiserver rotated it into.
     pub fn read(path: &Path) -> std::io::Result<Writes> {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(&format!("{stem}-")) && n.ends_with(".log"))
-            })
-            .collect();
-        files.sort();
-        files.push(path.to_path_buf());
         let mut writes = Writes::default();
-        for file in files {
+        for file in audit_files(path)? {
             writes.read_file(&file)?;
         }
         for list in writes.0.values_mut() {

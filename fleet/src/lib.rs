@@ -120,12 +120,23 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     .await?;
     let (tracker, watch) = flips::Tracker::watch(cluster.cp.client(), n);
     let _stop_watch = AbortOnDrop(watch);
+    // The empty cluster (control plane, manager, PodProbeMarker, nodes; no pod yet): what
+    // each pod and sidecar costs is measured over it.
+    let no_sidecars = measure::Processes::of(&cluster, Vec::new());
+    let before = measure::sample(&cluster, &no_sidecars).await?;
+    tokio::time::sleep(SETTLE).await;
+    let empty = measure::window(
+        &before,
+        &measure::sample(&cluster, &no_sidecars).await?,
+        &no_sidecars,
+        n,
+    );
+
     let started = Instant::now();
     let pods = pods::create(&cluster.cp, work.path(), n, options.nodes, ports).await?;
     eprintln!("fleet: {n} pods created in {:.1?}", started.elapsed());
 
     let idle_window = Duration::from_secs(options.idle_seconds);
-    let no_sidecars = measure::Processes::of(&cluster, Vec::new());
     let before = measure::sample(&cluster, &no_sidecars).await?;
     tokio::time::sleep(idle_window).await;
     let baseline = measure::window(
@@ -161,7 +172,9 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     tokio::time::sleep(SETTLE).await;
 
     let before = measure::sample(&cluster, &processes).await?;
+    let idle_from = jiff::Timestamp::now();
     tokio::time::sleep(idle_window).await;
+    let idle_to = jiff::Timestamp::now();
     let idle = measure::window(
         &before,
         &measure::sample(&cluster, &processes).await?,
@@ -215,6 +228,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         ));
     }
     let costs = writes.costs(&all);
+    let idle_sidecar_requests =
+        audit::sidecar_requests(&cluster.cp.audit_path(), idle_from, idle_to)?;
     // A flip that cost more than one status patch or marker write is what the figures are
     // about: show a few with their writes.
     for cost in costs
@@ -237,6 +252,10 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         outage::delivery(report, &costs, known);
     }
     let mut latencies: Vec<f64> = costs.iter().filter_map(|c| c.marker_latency_ms).collect();
+    let mut condition_latencies: Vec<f64> = costs
+        .iter()
+        .filter_map(|c| Some(c.status_answered?.duration_since(c.at).as_secs_f64() * 1000.0))
+        .collect();
     let flips = all.len().max(1) as f64;
     Ok(Report {
         pods: n,
@@ -248,6 +267,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         lost: lost.len() + wrong_at_end,
         wrong_at_end,
         conditions_wrong_at_end,
+        condition_latency_p50_ms: report::percentile(&mut condition_latencies, 0.5),
+        condition_latency_p99_ms: report::percentile(&mut condition_latencies, 0.99),
         marker_latency_p50_ms: report::percentile(&mut latencies, 0.5),
         marker_latency_p99_ms: report::percentile(&mut latencies, 0.99),
         marker_latency_max_ms: report::percentile(&mut latencies, 1.0),
@@ -262,8 +283,10 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         apiserver_rss_mib: flipping.apiserver_rss_mib,
         manager_cpu_cores: flipping.manager_cpu_cores,
         manager_rss_mib: flipping.manager_rss_mib,
+        empty,
         baseline,
         idle,
+        idle_sidecar_requests,
         flipping,
         outage,
     })

@@ -77,6 +77,11 @@ pub struct Window {
     pub seconds: f64,
     pub apiserver_cpu_cores: f64,
     pub apiserver_rss_mib: f64,
+    /// The apiserver's Go heap in use at the window's end (its `go_memstats_heap_inuse_bytes`):
+    /// steadier than RSS, which the Go runtime returns to the system only slowly.
+    pub apiserver_heap_inuse_mib: f64,
+    /// Goroutines the apiserver runs at the window's end (each connection and watch holds some).
+    pub apiserver_goroutines: f64,
     /// File descriptors the apiserver holds at the window's end (mostly connections).
     pub apiserver_open_files: usize,
     pub etcd_cpu_cores: f64,
@@ -120,6 +125,10 @@ pub fn window(before: &Sample, after: &Sample, processes: &Processes, pods: usiz
         seconds,
         apiserver_cpu_cores: cores(before.apiserver, after.apiserver, seconds),
         apiserver_rss_mib: mib(rss_kib(processes.apiserver)),
+        apiserver_heap_inuse_mib: metrics::sum(&after.metrics, "go_memstats_heap_inuse_bytes", &[])
+            / 1024.0
+            / 1024.0,
+        apiserver_goroutines: metrics::sum(&after.metrics, "go_goroutines", &[]),
         apiserver_open_files: std::fs::read_dir(format!("/proc/{}/fd", processes.apiserver))
             .map_or(0, Iterator::count),
         etcd_cpu_cores: cores(before.etcd, after.etcd, seconds),

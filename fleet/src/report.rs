@@ -31,6 +31,10 @@ pub struct Report {
     /// Pods whose flipped condition at the end is not their target's state: a lost transition
     /// (whatever the marker shows).
     pub conditions_wrong_at_end: usize,
+    /// From a flip of the target to its status patch answered (probe period, probe, coalesce
+    /// window, patch).
+    pub condition_latency_p50_ms: Option<f64>,
+    pub condition_latency_p99_ms: Option<f64>,
     pub marker_latency_p50_ms: Option<f64>,
     pub marker_latency_p99_ms: Option<f64>,
     pub marker_latency_max_ms: Option<f64>,
@@ -47,13 +51,64 @@ pub struct Report {
     pub apiserver_rss_mib: f64,
     pub manager_cpu_cores: f64,
     pub manager_rss_mib: f64,
+    /// The control plane, the manager and the PodProbeMarker, before any pod.
+    pub empty: Window,
     /// The pods and the manager without sidecars.
     pub baseline: Window,
     /// Every sidecar running, nothing flipping.
     pub idle: Window,
+    /// The sidecars' requests answered in the idle window (`verb resource[/subresource]`).
+    pub idle_sidecar_requests: std::collections::BTreeMap<String, usize>,
     /// Up to the outage when there is one.
     pub flipping: Window,
     pub outage: Option<OutageReport>,
+}
+
+impl Report {
+    /// What an idle pod with its sidecar costs the apiserver over the empty cluster, and what
+    /// its sidecar alone costs over the pods without sidecars (issue 31's measure).
+    fn idle_cost(&self) -> String {
+        let n = self.pods.max(1) as f64;
+        let per_pod = |idle: f64, base: f64| (idle - base) / n;
+        format!(
+            "apiserver per idle pod over the empty cluster: heap {:.3} MiB, RSS {:.3} MiB, {:.2} goroutines, {:.2} fds; \
+             of which its sidecar: heap {:.3} MiB, RSS {:.3} MiB, {:.2} goroutines, {:.2} fds; \
+             condition after a flip p50 {} p99 {}; sidecars' requests while idle: {:?}\n",
+            per_pod(
+                self.idle.apiserver_heap_inuse_mib,
+                self.empty.apiserver_heap_inuse_mib
+            ),
+            per_pod(self.idle.apiserver_rss_mib, self.empty.apiserver_rss_mib),
+            per_pod(
+                self.idle.apiserver_goroutines,
+                self.empty.apiserver_goroutines
+            ),
+            per_pod(
+                self.idle.apiserver_open_files as f64,
+                self.empty.apiserver_open_files as f64
+            ),
+            per_pod(
+                self.idle.apiserver_heap_inuse_mib,
+                self.baseline.apiserver_heap_inuse_mib
+            ),
+            per_pod(self.idle.apiserver_rss_mib, self.baseline.apiserver_rss_mib),
+            per_pod(
+                self.idle.apiserver_goroutines,
+                self.baseline.apiserver_goroutines
+            ),
+            per_pod(
+                self.idle.apiserver_open_files as f64,
+                self.baseline.apiserver_open_files as f64
+            ),
+            ms(self.condition_latency_p50_ms),
+            ms(self.condition_latency_p99_ms),
+            self.idle_sidecar_requests,
+        )
+    }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".to_owned(), |v| format!("{v:.0} ms"))
 }
 
 /// `q` (0..1) of `values` by nearest rank; `None` when empty.
@@ -69,7 +124,6 @@ pub fn percentile(values: &mut [f64], q: f64) -> Option<f64> {
 impl Report {
     /// A few lines for a person; the JSON line follows it.
     pub fn summary(&self) -> String {
-        let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0} ms"));
         let per_1000 = |cores: f64| cores * 1000.0 / self.pods.max(1) as f64;
         let mut out = format!(
             "{} pods, source {:?}, manager {:?}: {} flips, {} lost; marker p50 {} p99 {}; \
@@ -100,6 +154,7 @@ impl Report {
             "req/s"
         ));
         for (name, w) in [
+            ("empty", &self.empty),
             ("baseline", &self.baseline),
             ("start-up", &self.startup),
             ("idle", &self.idle),
@@ -120,6 +175,7 @@ impl Report {
                 requests,
             ));
         }
+        out.push_str(&self.idle_cost());
         if let Some(o) = &self.outage {
             let requests: f64 = o.after_recovery.requests_per_second.values().sum();
             out.push_str(&format!(

@@ -1,8 +1,9 @@
 //! The fleet benchmark at small N in the suite: 200 pods, each with its own sidecar instance
 //! (the real sidecar code, 20 per process) and its own pod-bound token, watch and connections,
 //! podprobe-manager installed by the chart, 5 % of the pods flipping their http probe every
-//! second. Fails when a flip's marker never shows, or when a flip costs more than one status
-//! patch or more than one marker write.
+//! second. Fails when a flip's marker never shows, when a flip costs more than one status
+//! patch or more than one marker write, or when an idle sidecar writes anything or keeps
+//! reconnecting.
 
 mod support;
 
@@ -30,5 +31,25 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
     assert!(
         report.marker_latency_p99_ms.is_some(),
         "no marker latency measured"
+    );
+
+    // Idle: nothing changes, so a sidecar has nothing to write; its watch ends at most once
+    // in a window much shorter than the watch's timeout, so more reads than pods is a loop.
+    let idle = &report.idle_sidecar_requests;
+    let writes: Vec<_> = idle
+        .iter()
+        .filter(|(what, _)| {
+            !["get ", "list ", "watch "]
+                .iter()
+                .any(|r| what.starts_with(r))
+        })
+        .collect();
+    assert!(writes.is_empty(), "idle sidecars wrote: {writes:?}");
+    let reads: usize = idle.values().sum();
+    assert!(
+        reads <= report.pods,
+        "{reads} requests from {} idle sidecars in {:.0} s (a reconnect loop?): {idle:?}",
+        report.pods,
+        report.idle.seconds
     );
 }

@@ -10,7 +10,7 @@ pub fn small_fleet(pods: usize, per_process: usize, seconds: u64) -> FleetOption
         pods,
         flip_percent: 5.0,
         seconds,
-        idle_seconds: 2,
+        idle_seconds: 5,
         manager: ManagerKind::Podprobe,
         source: Source::Api,
         sidecars_per_process: per_process,
