@@ -42,6 +42,10 @@ struct Args {
     /// processes).
     #[arg(long)]
     per_process: Option<usize>,
+    /// Each sidecar's Events burst (`podprobe run --event-burst`; default as the sidecar's, 25).
+    /// A burst no run can spend stands in for the sidecar before its Events had a budget.
+    #[arg(long, default_value = "25")]
+    event_burst: std::num::NonZeroU32,
     /// Virtual-kubelet nodes the pods are spread over.
     #[arg(long, default_value_t = 10)]
     nodes: usize,
@@ -96,6 +100,7 @@ async fn main() {
         manager: args.manager,
         source: args.source,
         sidecars_per_process: per_process,
+        event_burst: args.event_burst,
         nodes: args.nodes,
         periods: Periods {
             http: args.http_period,

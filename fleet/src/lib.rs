@@ -68,6 +68,8 @@ pub struct FleetOptions {
     pub manager: ManagerKind,
     pub source: Source,
     pub sidecars_per_process: usize,
+    /// Each sidecar's Events burst (`podprobe run --event-burst`).
+    pub event_burst: std::num::NonZeroU32,
     pub nodes: usize,
     pub periods: Periods,
     /// `podprobe-fleet-sidecars` and `podprobe-manager` to run.
@@ -153,6 +155,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         &pods,
         options.sidecars_per_process,
         options.source,
+        options.event_burst,
     )?;
     let processes = measure::Processes::of(&cluster, hosts.pids());
     let before = measure::sample(&cluster, &processes).await?;
@@ -262,6 +265,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         source: options.source,
         manager: options.manager,
         sidecars_per_process: options.sidecars_per_process,
+        event_burst: options.event_burst.get(),
         flip_percent: options.flip_percent,
         flips: all.len(),
         lost: lost.len() + wrong_at_end,

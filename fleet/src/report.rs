@@ -22,6 +22,7 @@ pub struct Report {
     pub source: Source,
     pub manager: ManagerKind,
     pub sidecars_per_process: usize,
+    pub event_burst: u32,
     pub flip_percent: f64,
     pub flips: usize,
     /// Flips whose marker never showed the new state, plus `wrong_at_end`.

@@ -10,6 +10,7 @@
 //! allocator. What does change is the per-pod memory figure (the runtime and allocator are
 //! shared; bench_sidecar measures one sidecar per process) and CPU scheduling.
 
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -24,16 +25,19 @@ use crate::FleetError;
 use crate::pods::FleetPod;
 use crate::report::Source;
 
-/// What one host process runs: its instances' pods and the source they read.
+/// What one host process runs: its instances' pods, the source they read and their Events'
+/// burst (`--event-burst`; the refill is the command line's default).
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct HostSpec {
     pub source: Source,
+    pub event_burst: NonZeroU32,
     pub pods: Vec<FleetPod>,
 }
 
-/// `podprobe run`'s options for one pod, with the command line's defaults but the source.
-/// Exec probes run in the host's own container (`local`): there is no container to enter.
-pub fn options(pod: &FleetPod, source: Source) -> SidecarOptions {
+/// `podprobe run`'s options for one pod, with the command line's defaults but the source and
+/// the Events' burst. Exec probes run in the host's own container (`local`): there is no
+/// container to enter.
+pub fn options(pod: &FleetPod, source: Source, event_burst: NonZeroU32) -> SidecarOptions {
     SidecarOptions {
         identity: PodIdentity {
             name: pod.name.clone(),
@@ -52,7 +56,10 @@ pub fn options(pod: &FleetPod, source: Source) -> SidecarOptions {
         refresh_interval: Duration::from_secs(600),
         coalesce: Duration::from_millis(200),
         prune_conditions: false,
-        events: Some(EventBudget::default()),
+        events: Some(EventBudget {
+            burst: event_burst,
+            ..EventBudget::default()
+        }),
         metrics_addr: None,
         exec_mode: ExecMode::Local,
     }
@@ -72,11 +79,13 @@ impl Hosts {
         pods: &[FleetPod],
         per_process: usize,
         source: Source,
+        event_burst: NonZeroU32,
     ) -> Result<Hosts, FleetError> {
         let mut children = Vec::new();
         for (n, chunk) in pods.chunks(per_process.max(1)).enumerate() {
             let spec = HostSpec {
                 source,
+                event_burst,
                 pods: chunk.to_vec(),
             };
             let path = work.join(format!("host-{n}.json"));
@@ -134,7 +143,7 @@ pub async fn host(spec: PathBuf) -> Result<(), FleetError> {
             .await
             .map_err(|e| FleetError::Setup(format!("{}: {e}", pod.kubeconfig.display())))?;
         let client = kube::Client::try_from(config)?;
-        let options = options(&pod, spec.source);
+        let options = options(&pod, spec.source, spec.event_burst);
         tasks.spawn(async move {
             let name = options.identity.name.clone();
             if let Err(e) = podprobe::sidecar::run_with_client(

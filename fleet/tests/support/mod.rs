@@ -14,6 +14,7 @@ pub fn small_fleet(pods: usize, per_process: usize, seconds: u64) -> FleetOption
         manager: ManagerKind::Podprobe,
         source: Source::Api,
         sidecars_per_process: per_process,
+        event_burst: podprobe::events::EventBudget::default().burst,
         nodes: 4,
         periods: Periods {
             http: 1,
