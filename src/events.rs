@@ -95,7 +95,8 @@ struct Budgets {
 
 impl Budgets {
     fn new(budget: EventBudget) -> Self {
-        // A zero refill would be no limit at all; governor needs a non-zero period.
+        // `--event-refill 0s` means no limit: a cell back every nanosecond (governor refuses
+        // a zero period).
         let period = budget.refill.max(Duration::from_nanos(1));
         let quota = Quota::with_period(period)
             .expect("non-zero period")

@@ -218,6 +218,7 @@ struct RunArgs {
 
     /// Once the burst is spent, one Event per type per this interval (client-go: 5m). A pod
     /// flipping all day then writes one Event every 5 minutes instead of one per transition.
+    /// `0s`: no limit.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     event_refill: Duration,
 
