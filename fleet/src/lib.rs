@@ -125,28 +125,14 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     // The empty cluster (control plane, manager, PodProbeMarker, nodes; no pod yet): what
     // each pod and sidecar costs is measured over it.
     let no_sidecars = measure::Processes::of(&cluster, Vec::new());
-    let before = measure::sample(&cluster, &no_sidecars).await?;
-    tokio::time::sleep(SETTLE).await;
-    let empty = measure::window(
-        &before,
-        &measure::sample(&cluster, &no_sidecars).await?,
-        &no_sidecars,
-        n,
-    );
+    let empty = measure::quiet(&cluster, &no_sidecars, SETTLE, n).await?;
 
     let started = Instant::now();
     let pods = pods::create(&cluster.cp, work.path(), n, options.nodes, ports).await?;
     eprintln!("fleet: {n} pods created in {:.1?}", started.elapsed());
 
     let idle_window = Duration::from_secs(options.idle_seconds);
-    let before = measure::sample(&cluster, &no_sidecars).await?;
-    tokio::time::sleep(idle_window).await;
-    let baseline = measure::window(
-        &before,
-        &measure::sample(&cluster, &no_sidecars).await?,
-        &no_sidecars,
-        n,
-    );
+    let baseline = measure::quiet(&cluster, &no_sidecars, idle_window, n).await?;
 
     let started = Instant::now();
     let mut hosts = sidecars::Hosts::start(
@@ -174,16 +160,9 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     // Start-up's last writes (other probes' first results, Events) are not the idle cost.
     tokio::time::sleep(SETTLE).await;
 
-    let before = measure::sample(&cluster, &processes).await?;
     let idle_from = jiff::Timestamp::now();
-    tokio::time::sleep(idle_window).await;
+    let idle = measure::quiet(&cluster, &processes, idle_window, n).await?;
     let idle_to = jiff::Timestamp::now();
-    let idle = measure::window(
-        &before,
-        &measure::sample(&cluster, &processes).await?,
-        &processes,
-        n,
-    );
 
     let before = measure::sample(&cluster, &processes).await?;
     let flipping = flips::drive(&targets, &tracker, n, options.flip_percent, options.seconds);

@@ -71,8 +71,21 @@ pub async fn sample(cluster: &Cluster, processes: &Processes) -> Result<Sample, 
     })
 }
 
+/// A window in which the run only waits for `length`: the cost of what is standing.
+pub async fn quiet(
+    cluster: &Cluster,
+    processes: &Processes,
+    length: std::time::Duration,
+    pods: usize,
+) -> Result<Window, FleetError> {
+    let before = sample(cluster, processes).await?;
+    tokio::time::sleep(length).await;
+    let after = sample(cluster, processes).await?;
+    Ok(window(&before, &after, processes, pods))
+}
+
 /// A window's figures.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Window {
     pub seconds: f64,
     pub apiserver_cpu_cores: f64,

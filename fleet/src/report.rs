@@ -65,49 +65,6 @@ pub struct Report {
     pub outage: Option<OutageReport>,
 }
 
-impl Report {
-    /// What an idle pod with its sidecar costs the apiserver over the empty cluster, and what
-    /// its sidecar alone costs over the pods without sidecars (issue 31's measure).
-    fn idle_cost(&self) -> String {
-        let n = self.pods.max(1) as f64;
-        let per_pod = |idle: f64, base: f64| (idle - base) / n;
-        format!(
-            "apiserver per idle pod over the empty cluster: heap {:.3} MiB, RSS {:.3} MiB, {:.2} goroutines, {:.2} fds; \
-             of which its sidecar: heap {:.3} MiB, RSS {:.3} MiB, {:.2} goroutines, {:.2} fds; \
-             condition after a flip p50 {} p99 {}; sidecars' requests while idle: {:?}\n",
-            per_pod(
-                self.idle.apiserver_heap_inuse_mib,
-                self.empty.apiserver_heap_inuse_mib
-            ),
-            per_pod(self.idle.apiserver_rss_mib, self.empty.apiserver_rss_mib),
-            per_pod(
-                self.idle.apiserver_goroutines,
-                self.empty.apiserver_goroutines
-            ),
-            per_pod(
-                self.idle.apiserver_open_files as f64,
-                self.empty.apiserver_open_files as f64
-            ),
-            per_pod(
-                self.idle.apiserver_heap_inuse_mib,
-                self.baseline.apiserver_heap_inuse_mib
-            ),
-            per_pod(self.idle.apiserver_rss_mib, self.baseline.apiserver_rss_mib),
-            per_pod(
-                self.idle.apiserver_goroutines,
-                self.baseline.apiserver_goroutines
-            ),
-            per_pod(
-                self.idle.apiserver_open_files as f64,
-                self.baseline.apiserver_open_files as f64
-            ),
-            ms(self.condition_latency_p50_ms),
-            ms(self.condition_latency_p99_ms),
-            self.idle_sidecar_requests,
-        )
-    }
-}
-
 fn ms(v: Option<f64>) -> String {
     v.map_or("-".to_owned(), |v| format!("{v:.0} ms"))
 }
@@ -122,7 +79,33 @@ pub fn percentile(values: &mut [f64], q: f64) -> Option<f64> {
     Some(values[rank - 1])
 }
 
+/// The apiserver's growth from `base` to `to`, per pod, as a phrase.
+fn per_pod(to: &Window, base: &Window, pods: usize) -> String {
+    let n = pods.max(1) as f64;
+    format!(
+        "heap {:.3} MiB, RSS {:.3} MiB, {:.2} goroutines, {:.2} fds",
+        (to.apiserver_heap_inuse_mib - base.apiserver_heap_inuse_mib) / n,
+        (to.apiserver_rss_mib - base.apiserver_rss_mib) / n,
+        (to.apiserver_goroutines - base.apiserver_goroutines) / n,
+        (to.apiserver_open_files as f64 - base.apiserver_open_files as f64) / n,
+    )
+}
+
 impl Report {
+    /// What an idle pod with its sidecar costs the apiserver over the empty cluster, and what
+    /// its sidecar alone costs over the pods without sidecars (issue 31's measure).
+    fn idle_cost(&self) -> String {
+        format!(
+            "apiserver per idle pod over the empty cluster: {}; of which its sidecar: {}; \
+             condition after a flip p50 {} p99 {}; sidecars' requests while idle: {:?}\n",
+            per_pod(&self.idle, &self.empty, self.pods),
+            per_pod(&self.idle, &self.baseline, self.pods),
+            ms(self.condition_latency_p50_ms),
+            ms(self.condition_latency_p99_ms),
+            self.idle_sidecar_requests,
+        )
+    }
+
     /// A few lines for a person; the JSON line follows it.
     pub fn summary(&self) -> String {
         let per_1000 = |cores: f64| cores * 1000.0 / self.pods.max(1) as f64;
@@ -215,6 +198,28 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_pod_growth_divides_the_difference_by_the_pods() {
+        let base = Window {
+            apiserver_heap_inuse_mib: 100.0,
+            apiserver_rss_mib: 200.0,
+            apiserver_goroutines: 2_000.0,
+            apiserver_open_files: 90,
+            ..Window::default()
+        };
+        let idle = Window {
+            apiserver_heap_inuse_mib: 300.0,
+            apiserver_rss_mib: 450.0,
+            apiserver_goroutines: 5_000.0,
+            apiserver_open_files: 1_090,
+            ..Window::default()
+        };
+        assert_eq!(
+            per_pod(&idle, &base, 1_000),
+            "heap 0.200 MiB, RSS 0.250 MiB, 3.00 goroutines, 1.00 fds"
+        );
+    }
 
     #[test]
     fn nearest_rank_percentiles() {
