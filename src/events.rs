@@ -89,8 +89,11 @@ type Limiter = RateLimiter<
 
 /// One budget per Event type, as client-go's spam key includes the type.
 struct Budgets {
+    budget: EventBudget,
     normal: Limiter,
     warning: Limiter,
+    /// Whether a refusal of that type was logged at info already (later ones go to debug).
+    refusal_said: [bool; 2],
 }
 
 impl Budgets {
@@ -102,9 +105,37 @@ impl Budgets {
             .expect("non-zero period")
             .allow_burst(budget.burst);
         Budgets {
+            budget,
             normal: RateLimiter::direct_with_clock(quota, TokioClock),
             warning: RateLimiter::direct_with_clock(quota, TokioClock),
+            refusal_said: [false; 2],
         }
+    }
+
+    /// Takes one Event of `type_` from its budget; a refusal is logged, the first one of each
+    /// type at info so that a user looking for Events learns why they stopped.
+    fn admit(&mut self, type_: EventType, reason: EventReason) -> bool {
+        if self.take(type_) {
+            return true;
+        }
+        let index = usize::from(type_ == EventType::Warning);
+        if std::mem::replace(&mut self.refusal_said[index], true) {
+            tracing::debug!(
+                reason = reason.as_str(),
+                "event budget spent: event not published"
+            );
+        } else {
+            tracing::info!(
+                reason = reason.as_str(),
+                event_type = ?type_,
+                burst = self.budget.burst.get(),
+                refill = ?self.budget.refill,
+                "this pod's Events of this type exceed their budget (--event-burst, then one per \
+                 --event-refill, as client-go's spam filter): further ones are dropped until it \
+                 refills; conditions are written as always"
+            );
+        }
+        false
     }
 
     fn take(&self, type_: EventType) -> bool {
@@ -226,15 +257,11 @@ impl EventSink {
         }
     }
 
-    fn publish(&self, type_: EventType, reason: EventReason, action: &str, note: String) {
+    fn publish(&mut self, type_: EventType, reason: EventReason, action: &str, note: String) {
         let Some(recorder) = self.recorder.clone() else {
             return;
         };
-        if !self.budgets.take(type_) {
-            tracing::debug!(
-                reason = reason.as_str(),
-                "event not published: this pod's event budget is spent (--event-burst, --event-refill)"
-            );
+        if !self.budgets.admit(type_, reason) {
             return;
         }
         let pod = self.pod.clone();
@@ -275,11 +302,15 @@ mod tests {
             burst: NonZeroU32::new(3).unwrap(),
             refill: Duration::from_secs(300),
         };
-        let budgets = Budgets::new(budget);
+        let mut budgets = Budgets::new(budget);
         for _ in 0..3 {
             assert!(budgets.take(EventType::Normal));
         }
-        assert!(!budgets.take(EventType::Normal), "the burst is spent");
+        assert!(
+            !budgets.admit(EventType::Normal, EventReason::ProbeFailed),
+            "the burst is spent"
+        );
+        assert_eq!(budgets.refusal_said, [true, false], "said once, for Normal");
         assert!(
             budgets.take(EventType::Warning),
             "warnings have their own budget"

@@ -1,0 +1,25 @@
+//! `podprobe run`'s command line: a bad flag value is refused before anything starts, naming the
+//! flag and the value (exit 2, no panic), so a pod with a typo in its injected args fails at
+//! once with a reason instead of running with a setting it did not ask for.
+
+use std::process::{Command, Stdio};
+
+#[test]
+fn bad_event_budget_values_are_refused_with_the_flag_named() {
+    for (flag, value) in [("--event-burst", "0"), ("--event-refill", "soon")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_podprobe"))
+            .args(["run", flag, value])
+            .env("POD_NAME", "p")
+            .env("POD_NAMESPACE", "default")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run podprobe");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value),
+            "{flag} {value}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
