@@ -41,6 +41,11 @@ pub enum Command {
     /// annotation-propagation and status controllers on the replica holding the leader Lease.
     /// Uses the in-cluster service account, or KUBECONFIG. Stops gracefully on SIGTERM.
     Run(Box<crate::run::RunArgs>),
+    /// Wait until the apiserver reaches the PodProbeMarker webhook (a server-side dry-run
+    /// create, which stores nothing): what the chart's install check Job runs after `helm
+    /// install` and `helm upgrade`, so they return only once PodProbeMarkers and pods are
+    /// admitted. Exits 0 once answered, 1 on --timeout with the last refusal.
+    CheckWebhooks(crate::check::CheckWebhooksArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -136,6 +141,9 @@ pub fn run(command: &Command) -> Result<Printed, CliError> {
         Command::CheckMarkers(args) => check_markers(args),
         // Long-running and asynchronous: `main` runs it through `crate::run::main`.
         Command::Run(_) => Err(CliError::Output("`run` is not an offline command".into())),
+        Command::CheckWebhooks(_) => Err(CliError::Output(
+            "`check-webhooks` is not an offline command".into(),
+        )),
     }
 }
 

@@ -21,6 +21,7 @@
 
 pub mod annotate;
 pub mod cache;
+pub mod check;
 pub mod cli;
 pub mod config;
 pub mod crd;

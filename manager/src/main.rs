@@ -9,6 +9,9 @@ fn main() {
     if let Command::Run(args) = &cli.command {
         std::process::exit(serve(args));
     }
+    if let Command::CheckWebhooks(args) = &cli.command {
+        std::process::exit(check_webhooks(args));
+    }
     match run(&cli.command) {
         Ok(printed) => {
             for note in &printed.notes {
@@ -61,6 +64,36 @@ fn serve(args: &RunArgs) -> i32 {
         Err(e) => {
             tracing::error!("{e}");
             2
+        }
+    }
+}
+
+fn check_webhooks(args: &podprobe_manager::check::CheckWebhooksArgs) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(podprobe_manager::check::main(args)) {
+        Ok(took) => {
+            println!(
+                "the apiserver reached the PodProbeMarker webhook (after {:.1} s)",
+                took.as_secs_f64()
+            );
+            0
+        }
+        Err(e @ podprobe_manager::check::CheckError::Client(_)) => {
+            eprintln!("error: {e}");
+            2
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
         }
     }
 }

@@ -66,10 +66,13 @@ async fn lint_and_template_in_both_modes() {
             "companion lacks {expected}: {companion:?}"
         );
     }
-    // Standalone owns PodProbeMarkers: their validating webhook and the controllers' Lease.
+    // Standalone owns PodProbeMarkers: their validating webhook, the controllers' Lease, and
+    // the install check (a dry-run PodProbeMarker through that webhook).
     for standalone_only in [
         "ValidatingWebhookConfiguration/podprobe-manager",
         "Role/podprobe-manager-leader-election",
+        "Job/podprobe-install-check",
+        "Role/podprobe-install-check",
     ] {
         assert!(
             standalone.iter().any(|k| k == standalone_only),
@@ -186,7 +189,9 @@ async fn own_registry_values_reach_the_deployment_and_the_injection() {
 
 /// `helm install` and what the apiserver then holds.
 fn install(cp: &ControlPlane, mode: &str, extra: &[&str]) -> String {
-    let mut args = vec!["--create-namespace", "--wait=false"];
+    // No node runs the manager here, nor the install check's Job (a hook helm would wait
+    // for): `--no-hooks`, as values.yaml tells users who skip it.
+    let mut args = vec!["--create-namespace", "--wait=false", "--no-hooks"];
     args.extend(extra);
     let out = run(helm(cp, "install", &sets(cp, mode), &args), "helm install");
     assert!(out.contains("STATUS: deployed"), "{out}");
@@ -255,6 +260,22 @@ async fn installs_into_a_real_apiserver_standalone() {
         "helm status",
     );
     assert!(status.contains("STATUS: deployed"), "{status}");
+
+    // The install check as its Job runs it, here with no manager behind the Service: it
+    // keeps asking, then fails saying what the apiserver answered.
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_podprobe-manager"))
+        .args(["check-webhooks", "--namespace", RELEASE_NS])
+        .args(["--timeout", "3s", "--interval", "500ms"])
+        .env("KUBECONFIG", cp.admin_kubeconfig())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("failed calling webhook \"podprobemarkers.podprobe.io\"")
+            && stderr.contains("did not reach the PodProbeMarker webhook within 3s"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,7 +354,7 @@ async fn generates_the_webhook_certificate_once_and_keeps_it_on_upgrade() {
             &cp,
             "install",
             &sets,
-            &["--create-namespace", "--wait=false"],
+            &["--create-namespace", "--wait=false", "--no-hooks"],
         ),
         "helm install",
     );
@@ -349,7 +370,12 @@ async fn generates_the_webhook_certificate_once_and_keeps_it_on_upgrade() {
     );
 
     run(
-        helm(&cp, "upgrade", &sets, &["--reuse-values", "--wait=false"]),
+        helm(
+            &cp,
+            "upgrade",
+            &sets,
+            &["--reuse-values", "--wait=false", "--no-hooks"],
+        ),
         "helm upgrade",
     );
     assert_eq!(read().await, (crt, key, ca.clone(), vec![ca.clone(), ca]));
@@ -411,6 +437,17 @@ async fn conventional_values_reach_the_manager_and_the_schema_refuses_typos() {
         template["metadata"]["labels"]["app.kubernetes.io/name"], "podprobe-manager",
         "the selector's labels stay"
     );
+    // The install check's Job runs where the manager can: same node selection, no
+    // anti-affinity and no host network (it only talks to the apiserver).
+    let check = &find("Job")["spec"]["template"]["spec"];
+    assert_eq!(check["nodeSelector"]["type"], "virtual-kubelet");
+    assert_eq!(
+        check["tolerations"][0]["key"],
+        "virtual-kubelet.io/provider"
+    );
+    assert_eq!(check["priorityClassName"], "system-cluster-critical");
+    assert!(check["hostNetwork"].is_null(), "{check}");
+    assert_eq!(check["containers"][0]["args"][0], "check-webhooks");
     let container = &pod["containers"][0];
     let args: Vec<&str> = container["args"]
         .as_array()

@@ -498,6 +498,23 @@ async fn the_chart_runs_the_manager_image_on_the_node() {
         assert!(is_ready(pod), "{name} is Ready: {:?}", pod.status);
         assert_eq!(restart_count(pod, "manager"), 0, "{name}");
     }
+    // `helm install` returned after its install check had the apiserver reach the webhook
+    // through the Service (helm deleted the Job; no garbage collector runs here to delete its
+    // pod).
+    let checks = managers
+        .list(&ListParams::default().labels("app.kubernetes.io/name=podprobe-install-check"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(checks.len(), 1, "one install check pod");
+    let check = checks[0].metadata.name.as_deref().unwrap();
+    let phase = checks[0].status.as_ref().and_then(|s| s.phase.as_deref());
+    assert_eq!(phase, Some("Succeeded"), "{check}");
+    let log = logs(&managers, check, "check").await;
+    assert!(
+        log.contains("the apiserver reached the PodProbeMarker webhook"),
+        "{log}"
+    );
 
     create_ppm(&cp, &game_ppm(true)).await;
     let pods = create_admitted(&cp, &game_pod("game-0", node.name())).await;

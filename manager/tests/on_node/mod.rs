@@ -123,6 +123,8 @@ pub async fn node_for_workloads(options: NodeOptions) -> (ControlPlane, Node) {
     options.controllers.extend([
         "deployment",
         "replicaset",
+        // The chart's install check is a Job.
+        "job",
         "endpointslice",
         "node-lifecycle-controller",
     ]);
