@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
 # kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager, krew and its manifest validator,
-# Prometheus' promtool, and the oldest supported kube-apiserver) from the Go modules pinned in
-# hack/{k8s,k8s-oldest,etcd,helm,kruise,krew,prometheus}, with the ordinary Go toolchain: no
+# Prometheus' promtool, the oldest supported kube-apiserver, and the virtual-kubelet library's
+# own node agent with its mock provider) from the Go modules pinned in
+# hack/{k8s,k8s-oldest,etcd,helm,kruise,krew,prometheus,virtual-kubelet}, with the ordinary Go toolchain: no
 # prebuilt download. Prints, as the last line of stdout, the directory holding them.
 # OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of the
 # same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml.
@@ -20,7 +21,8 @@ cache_root="${PODPROBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-too
 key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etcd/go.sum \
   "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/kruise/go.mod "$hack"/kruise/go.sum \
   "$hack"/krew/go.mod "$hack"/krew/go.sum "$hack"/prometheus/go.mod "$hack"/prometheus/go.sum \
-  "$hack"/k8s-oldest/go.mod "$hack"/k8s-oldest/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
+  "$hack"/k8s-oldest/go.mod "$hack"/k8s-oldest/go.sum \
+  "$hack"/virtual-kubelet/go.mod "$hack"/virtual-kubelet/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
 bin="$dest/bin"
 
@@ -85,6 +87,10 @@ build krew "-s -w" "$dest.partial/bin/validate-krew-manifest" \
   sigs.k8s.io/krew/cmd/validate-krew-manifest
 # promtool, which checks the chart's alert rules and evaluates them on the binaries' metrics.
 build prometheus "-s -w" "$dest.partial/bin/promtool" github.com/prometheus/prometheus/cmd/promtool
+# The node agent serverless providers build on (`--provider mock`: no containers; the library
+# reports the pods' status), to run podprobe beside what the library does to pod status.
+build virtual-kubelet "-s -w" "$dest.partial/bin/virtual-kubelet" \
+  github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet
 
 # The module's own install manifests, as `make manifests` + kustomize would deploy them.
 kruise_src="$(cd "$hack/kruise" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/openkruise/kruise)"

@@ -30,6 +30,7 @@ pub mod process;
 pub mod sidecar_rbac;
 pub mod tools;
 pub mod usage;
+pub mod virtual_kubelet;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -60,6 +61,11 @@ pub const NODE_TOKEN: &str = "podprobe-test-node";
 /// The static token of kube-proxy (`system:kube-proxy`, bound to `system:node-proxier` by
 /// the apiserver's bootstrap policy).
 pub const KUBE_PROXY_TOKEN: &str = "podprobe-test-kube-proxy";
+/// The node the virtual-kubelet library registers ([`virtual_kubelet::VirtualKubelet`]).
+pub const VIRTUAL_NODE_NAME: &str = "vk-0";
+/// Its static token: the user `virtual-kubelet`, not a `system:node:` identity (the
+/// library labels its node with `kubernetes.io/role`, which NodeRestriction refuses a node).
+pub const VIRTUAL_NODE_TOKEN: &str = "podprobe-test-virtual-kubelet";
 /// `--service-cluster-ip-range`: the Services' virtual addresses.
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The `kubernetes` Service's ClusterIP (first of `--service-cluster-ip-range`) and DNS
@@ -190,7 +196,8 @@ impl ControlPlane {
             format!(
                 "{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n\
                  {NODE_TOKEN},system:node:{NODE_NAME},node-uid,\"system:nodes\"\n\
-                 {KUBE_PROXY_TOKEN},system:kube-proxy,kube-proxy-uid\n"
+                 {KUBE_PROXY_TOKEN},system:kube-proxy,kube-proxy-uid\n\
+                 {VIRTUAL_NODE_TOKEN},virtual-kubelet,virtual-kubelet-uid\n"
             ),
         )?;
         std::fs::write(path("audit-policy.yaml"), audit::POLICY)?;

@@ -1,0 +1,124 @@
+//! The virtual-kubelet library's own node agent (`cmd/virtual-kubelet --provider mock`, built
+//! from the module pinned in `hack/virtual-kubelet`) registered as a node of a
+//! [`ControlPlane`]: what serverless providers run instead of a kubelet. The mock provider runs
+//! no containers; the library writes the pods' status (`UpdateStatus`, the whole `.status`).
+//!
+//! It authenticates as the user `virtual-kubelet` bound to the bootstrap ClusterRole
+//! `system:node`, as providers deploy it (a service account with RBAC, not a node identity:
+//! the library labels its node `kubernetes.io/role=agent`, which NodeRestriction refuses a
+//! `system:node:` user), and serves its kubelet API with a certificate from the test CA. The
+//! library labels the node `type=virtual-kubelet` and taints it `virtual-kubelet.io/provider`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node as NodeObject;
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+
+use super::process::Daemon;
+use super::{ControlPlane, Error, VIRTUAL_NODE_NAME, VIRTUAL_NODE_TOKEN, free_port, tools};
+
+/// A running `virtual-kubelet --provider mock`; stopped when dropped.
+#[derive(Debug)]
+pub struct VirtualKubelet {
+    daemon: Daemon,
+    log: PathBuf,
+}
+
+impl VirtualKubelet {
+    /// Starts it against `cp` and waits until its node is Ready.
+    pub async fn start(cp: &ControlPlane) -> Result<VirtualKubelet, Error> {
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": "virtual-kubelet"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "virtual-kubelet"}]
+        }))
+        .map_err(|e| Error::Other(e.to_string()))?;
+        Api::<ClusterRoleBinding>::all(cp.client())
+            .create(&PostParams::default(), &binding)
+            .await?;
+        let dir = cp.dir().join("virtual-kubelet");
+        std::fs::create_dir_all(&dir)?;
+        let kubeconfig = dir.join("kubeconfig");
+        cp.write_kubeconfig_for_token(&kubeconfig, VIRTUAL_NODE_TOKEN)?;
+        // The mock's capacity, keyed by node name (its provider config format).
+        let config = dir.join("mock.json");
+        std::fs::write(
+            &config,
+            json!({VIRTUAL_NODE_NAME: {"cpu": "16", "memory": "64Gi", "pods": "1000"}}).to_string(),
+        )?;
+        let serving = cp.pki().issue(&["127.0.0.1"])?;
+        let (cert, key) = (dir.join("serving.crt"), dir.join("serving.key"));
+        std::fs::write(&cert, &serving.cert_pem)?;
+        std::fs::write(&key, &serving.key_pem)?;
+        let args = vec![
+            "--provider=mock".to_owned(),
+            format!("--provider-config={}", config.display()),
+            format!("--nodename={VIRTUAL_NODE_NAME}"),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
+        ];
+        let env = [
+            ("KUBELET_PORT", free_port()?.to_string()),
+            ("APISERVER_CERT_LOCATION", cert.display().to_string()),
+            ("APISERVER_KEY_LOCATION", key.display().to_string()),
+            // The node's InternalIP: where the apiserver would dial its kubelet API.
+            ("VKUBELET_POD_IP", "127.0.0.1".to_owned()),
+        ];
+        let log = dir.join("virtual-kubelet.log");
+        let daemon = Daemon::spawn_with_env(
+            "virtual-kubelet",
+            &tools::tool("virtual-kubelet")?,
+            &args,
+            &env,
+            log.clone(),
+        )?;
+        let mut vk = VirtualKubelet { daemon, log };
+        vk.wait_ready(cp).await?;
+        Ok(vk)
+    }
+
+    async fn wait_ready(&mut self, cp: &ControlPlane) -> Result<(), Error> {
+        const LIMIT: Duration = Duration::from_secs(60);
+        let nodes: Api<NodeObject> = Api::all(cp.client());
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.daemon.exited() {
+                return Err(Error::Other(format!(
+                    "virtual-kubelet exited ({status}); its log ends:\n{}",
+                    self.log_tail(30)
+                )));
+            }
+            let node = nodes.get_opt(VIRTUAL_NODE_NAME).await?;
+            let ready = node
+                .and_then(|n| n.status)
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if ready {
+                return Ok(());
+            }
+            if started.elapsed() > LIMIT {
+                return Err(Error::Other(format!(
+                    "node {VIRTUAL_NODE_NAME} was not Ready within {LIMIT:?}; virtual-kubelet's log ends:\n{}",
+                    self.log_tail(30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The last lines of its log (for failure messages).
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.daemon.log_tail(lines)
+    }
+
+    /// Its whole log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
