@@ -30,9 +30,18 @@ pub struct CheckWebhooksArgs {
     /// printed.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    /// Time between two attempts.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    /// Time between two attempts (more than 0).
+    #[arg(long, default_value = "1s", value_parser = parse_interval)]
     pub interval: Duration,
+}
+
+/// A humantime duration above zero: `0s` would ask the apiserver in a tight loop.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be more than 0 (e.g. 1s)".to_owned()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -44,20 +44,24 @@ fn init_logging(args: &RunArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// The runtime `builder` makes, or `None` after saying why it could not.
+fn runtime(mut builder: tokio::runtime::Builder) -> Option<tokio::runtime::Runtime> {
+    match builder.enable_all().build() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            None
+        }
+    }
+}
+
 fn serve(args: &RunArgs) -> i32 {
     if let Err(e) = init_logging(args) {
         eprintln!("error: {e}");
         return 2;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return 1;
-        }
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_multi_thread()) else {
+        return 1;
     };
     match runtime.block_on(podprobe_manager::run::main(args)) {
         Ok(()) => 0,
@@ -69,15 +73,9 @@ fn serve(args: &RunArgs) -> i32 {
 }
 
 fn check_webhooks(args: &podprobe_manager::check::CheckWebhooksArgs) -> i32 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return 1;
-        }
+    // One request a second: one thread is plenty.
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_current_thread()) else {
+        return 1;
     };
     match runtime.block_on(podprobe_manager::check::main(args)) {
         Ok(took) => {

@@ -483,11 +483,12 @@ async fn readiness_gate_recipe_takes_a_draining_server_out_of_its_service() {
 async fn the_chart_runs_the_manager_image_on_the_node() {
     let (cp, node) = node_and_deployed_chart().await;
     let managers: Api<Pod> = Api::namespaced(cp.client(), cluster::RELEASE_NS);
-    let replicas = managers
-        .list(&ListParams::default().labels("app.kubernetes.io/name=podprobe-manager"))
-        .await
-        .unwrap()
-        .items;
+    let named = |name: &str| {
+        let selector = ListParams::default().labels(&format!("app.kubernetes.io/name={name}"));
+        let managers = managers.clone();
+        async move { managers.list(&selector).await.unwrap().items }
+    };
+    let replicas = named("podprobe-manager").await;
     assert_eq!(replicas.len(), 2, "the chart's two replicas");
     for pod in &replicas {
         let name = pod.metadata.name.as_deref().unwrap();
@@ -501,11 +502,7 @@ async fn the_chart_runs_the_manager_image_on_the_node() {
     // `helm install` returned after its install check had the apiserver reach the webhook
     // through the Service (helm deleted the Job; no garbage collector runs here to delete its
     // pod).
-    let checks = managers
-        .list(&ListParams::default().labels("app.kubernetes.io/name=podprobe-install-check"))
-        .await
-        .unwrap()
-        .items;
+    let checks = named("podprobe-install-check").await;
     assert_eq!(checks.len(), 1, "one install check pod");
     let check = checks[0].metadata.name.as_deref().unwrap();
     let phase = checks[0].status.as_ref().and_then(|s| s.phase.as_deref());
