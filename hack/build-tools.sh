@@ -2,7 +2,7 @@
 # Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
 # kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager, krew and its manifest validator,
 # Prometheus' promtool, the oldest supported kube-apiserver, and the virtual-kubelet library's
-# own node agent with its mock provider) from the Go modules pinned in
+# own node agent with its mock provider, and vk-replacer: a provider built on it that does not notify) from the Go modules pinned in
 # hack/{k8s,k8s-oldest,etcd,helm,kruise,krew,prometheus,virtual-kubelet}, with the ordinary Go toolchain: no
 # prebuilt download. Prints, as the last line of stdout, the directory holding them.
 # OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of the
@@ -22,7 +22,8 @@ key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etc
   "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/kruise/go.mod "$hack"/kruise/go.sum \
   "$hack"/krew/go.mod "$hack"/krew/go.sum "$hack"/prometheus/go.mod "$hack"/prometheus/go.sum \
   "$hack"/k8s-oldest/go.mod "$hack"/k8s-oldest/go.sum \
-  "$hack"/virtual-kubelet/go.mod "$hack"/virtual-kubelet/go.sum "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
+  "$hack"/virtual-kubelet/go.mod "$hack"/virtual-kubelet/go.sum "$hack"/virtual-kubelet/replacer/main.go \
+  "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
 bin="$dest/bin"
 
@@ -91,6 +92,9 @@ build prometheus "-s -w" "$dest.partial/bin/promtool" github.com/prometheus/prom
 # reports the pods' status), to run podprobe beside what the library does to pod status.
 build virtual-kubelet "-s -w" "$dest.partial/bin/virtual-kubelet" \
   github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet
+# The smallest provider that does not notify (hack/virtual-kubelet/replacer): the library copies
+# its status (Ready, Initialized, PodScheduled only) over the pods every 5 s, as azure-aci's does.
+build virtual-kubelet "-s -w" "$dest.partial/bin/vk-replacer" ./replacer
 
 # The module's own install manifests, as `make manifests` + kustomize would deploy them.
 kruise_src="$(cd "$hack/kruise" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/openkruise/kruise)"

@@ -5,6 +5,13 @@ go 1.24
 tool github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet
 
 require (
+	github.com/prometheus/client_model v0.4.0
+	github.com/virtual-kubelet/virtual-kubelet v1.11.0
+	k8s.io/api v0.29.1
+	k8s.io/apimachinery v0.29.1
+)
+
+require (
 	contrib.go.opencensus.io/exporter/jaeger v0.2.1 // indirect
 	contrib.go.opencensus.io/exporter/ocagent v0.7.0 // indirect
 	github.com/NYTimes/gziphandler v1.1.1 // indirect
@@ -53,7 +60,6 @@ require (
 	github.com/mxk/go-flowrate v0.0.0-20140419014527-cca7078d478f // indirect
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/prometheus/client_golang v1.16.0 // indirect
-	github.com/prometheus/client_model v0.4.0 // indirect
 	github.com/prometheus/common v0.44.0 // indirect
 	github.com/prometheus/procfs v0.10.1 // indirect
 	github.com/sirupsen/logrus v1.9.3 // indirect
@@ -61,7 +67,6 @@ require (
 	github.com/spf13/pflag v1.0.5 // indirect
 	github.com/stoewer/go-strcase v1.2.0 // indirect
 	github.com/uber/jaeger-client-go v2.25.0+incompatible // indirect
-	github.com/virtual-kubelet/virtual-kubelet v1.11.0 // indirect
 	go.etcd.io/etcd/api/v3 v3.5.10 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.5.10 // indirect
 	go.etcd.io/etcd/client/v3 v3.5.10 // indirect
@@ -98,8 +103,6 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/yaml.v2 v2.4.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
-	k8s.io/api v0.29.1 // indirect
-	k8s.io/apimachinery v0.29.1 // indirect
 	k8s.io/apiserver v0.29.1 // indirect
 	k8s.io/client-go v0.29.1 // indirect
 	k8s.io/component-base v0.29.1 // indirect

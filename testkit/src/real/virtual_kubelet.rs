@@ -8,6 +8,10 @@
 //! the library labels its node `kubernetes.io/role=agent`, which NodeRestriction refuses a
 //! `system:node:` user), and serves its kubelet API with a certificate from the test CA. The
 //! library labels the node `type=virtual-kubelet` and taints it `virtual-kubelet.io/provider`.
+//!
+//! [`Provider::Replacer`] is `vk-replacer` (`hack/virtual-kubelet/replacer`): the smallest
+//! provider built on the library that does not notify, so the library copies its status
+//! (Ready, Initialized, PodScheduled only, as azure-aci's) over the pods every 5 s.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,34 +25,90 @@ use serde_json::json;
 use super::process::Daemon;
 use super::{ControlPlane, Error, VIRTUAL_NODE_NAME, VIRTUAL_NODE_TOKEN, free_port, tools};
 
-/// A running `virtual-kubelet --provider mock`; stopped when dropped.
+/// The user every node agent authenticates as (the audit log's `user.username`).
+pub const VIRTUAL_KUBELET_USER: &str = "virtual-kubelet";
+
+/// Which provider the library runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    /// `virtual-kubelet --provider mock`: notifies the library of each pod's status.
+    Mock,
+    /// `vk-replacer`: answers GetPodStatus only; the library's 5 s copy.
+    Replacer,
+}
+
+/// A running virtual-kubelet node agent; stopped when dropped.
 #[derive(Debug)]
 pub struct VirtualKubelet {
     daemon: Daemon,
     log: PathBuf,
+    node: String,
 }
 
 impl VirtualKubelet {
-    /// Starts it against `cp` and waits until its node is Ready.
+    /// Starts the mock provider as node [`VIRTUAL_NODE_NAME`] and waits until it is Ready.
     pub async fn start(cp: &ControlPlane) -> Result<VirtualKubelet, Error> {
+        Self::start_node(cp, VIRTUAL_NODE_NAME, Provider::Mock).await
+    }
+
+    /// Starts `provider` as node `node` against `cp` and waits until the node is Ready.
+    pub async fn start_node(
+        cp: &ControlPlane,
+        node: &str,
+        provider: Provider,
+    ) -> Result<VirtualKubelet, Error> {
         let binding: ClusterRoleBinding = serde_json::from_value(json!({
             "metadata": {"name": "virtual-kubelet"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "virtual-kubelet"}]
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": VIRTUAL_KUBELET_USER}]
         }))
         .map_err(|e| Error::Other(e.to_string()))?;
-        Api::<ClusterRoleBinding>::all(cp.client())
+        // One binding serves every node agent of the control plane.
+        match Api::<ClusterRoleBinding>::all(cp.client())
             .create(&PostParams::default(), &binding)
-            .await?;
-        let dir = cp.dir().join("virtual-kubelet");
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            other => {
+                other?;
+            }
+        }
+        let dir = cp.dir().join(format!("virtual-kubelet-{node}"));
         std::fs::create_dir_all(&dir)?;
         let kubeconfig = dir.join("kubeconfig");
         cp.write_kubeconfig_for_token(&kubeconfig, VIRTUAL_NODE_TOKEN)?;
+        let log = dir.join("virtual-kubelet.log");
+        let daemon = match provider {
+            Provider::Mock => Self::spawn_mock(cp, node, &dir, &kubeconfig, &log)?,
+            Provider::Replacer => Daemon::spawn_with_env(
+                "vk-replacer",
+                &tools::tool("vk-replacer")?,
+                &[format!("--nodename={node}")],
+                &[("KUBECONFIG", kubeconfig.display().to_string())],
+                log.clone(),
+            )?,
+        };
+        let mut vk = VirtualKubelet {
+            daemon,
+            log,
+            node: node.to_owned(),
+        };
+        vk.wait_ready(cp).await?;
+        Ok(vk)
+    }
+
+    fn spawn_mock(
+        cp: &ControlPlane,
+        node: &str,
+        dir: &std::path::Path,
+        kubeconfig: &std::path::Path,
+        log: &std::path::Path,
+    ) -> Result<Daemon, Error> {
         // The mock's capacity, keyed by node name (its provider config format).
         let config = dir.join("mock.json");
         std::fs::write(
             &config,
-            json!({VIRTUAL_NODE_NAME: {"cpu": "16", "memory": "64Gi", "pods": "1000"}}).to_string(),
+            json!({node: {"cpu": "16", "memory": "64Gi", "pods": "1000"}}).to_string(),
         )?;
         let serving = cp.pki().issue(&["127.0.0.1"])?;
         let (cert, key) = (dir.join("serving.crt"), dir.join("serving.key"));
@@ -57,7 +117,7 @@ impl VirtualKubelet {
         let args = vec![
             "--provider=mock".to_owned(),
             format!("--provider-config={}", config.display()),
-            format!("--nodename={VIRTUAL_NODE_NAME}"),
+            format!("--nodename={node}"),
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--metrics-addr=127.0.0.1:{}", free_port()?),
         ];
@@ -68,17 +128,13 @@ impl VirtualKubelet {
             // The node's InternalIP: where the apiserver would dial its kubelet API.
             ("VKUBELET_POD_IP", "127.0.0.1".to_owned()),
         ];
-        let log = dir.join("virtual-kubelet.log");
-        let daemon = Daemon::spawn_with_env(
+        Daemon::spawn_with_env(
             "virtual-kubelet",
             &tools::tool("virtual-kubelet")?,
             &args,
             &env,
-            log.clone(),
-        )?;
-        let mut vk = VirtualKubelet { daemon, log };
-        vk.wait_ready(cp).await?;
-        Ok(vk)
+            log.to_path_buf(),
+        )
     }
 
     async fn wait_ready(&mut self, cp: &ControlPlane) -> Result<(), Error> {
@@ -92,7 +148,7 @@ impl VirtualKubelet {
                     self.log_tail(30)
                 )));
             }
-            let node = nodes.get_opt(VIRTUAL_NODE_NAME).await?;
+            let node = nodes.get_opt(&self.node).await?;
             let ready = node
                 .and_then(|n| n.status)
                 .and_then(|s| s.conditions)
@@ -104,7 +160,8 @@ impl VirtualKubelet {
             }
             if started.elapsed() > LIMIT {
                 return Err(Error::Other(format!(
-                    "node {VIRTUAL_NODE_NAME} was not Ready within {LIMIT:?}; virtual-kubelet's log ends:\n{}",
+                    "node {} was not Ready within {LIMIT:?}; its agent's log ends:\n{}",
+                    self.node,
                     self.log_tail(30)
                 )));
             }
