@@ -12,7 +12,7 @@ use args::{Exec, Output, Source, Timing};
 use podprobe::check::{self, CheckOptions};
 use podprobe::events::EventBudget;
 use podprobe::pod::PodIdentity;
-use podprobe::sidecar::{self, SidecarOptions};
+use podprobe::sidecar::{self, RepairPolicy, SidecarOptions};
 
 /// Runs OpenKruise PodProbeMarker probes (the kruise.io/podprobe annotation) from inside a pod
 /// and writes their results as pod conditions.
@@ -138,6 +138,7 @@ impl From<RunArgs> for SidecarOptions {
                 refill: args.event_refill,
             }),
             metrics_addr: args.metrics_addr,
+            overwrite_repair: args.overwrite_repair.into(),
             exec_mode: args.exec_mode.into(),
         }
     }
@@ -235,6 +236,33 @@ struct RunArgs {
     /// container; the choice and the reason are logged.
     #[arg(long, value_enum, default_value_t = Exec::Auto, env = "PODPROBE_EXEC_MODE")]
     exec_mode: Exec,
+
+    /// How soon a condition another writer removed or changed (a virtual-kubelet provider
+    /// replacing the pod's status) is written back. `after-change`: as `immediate` for 30 s
+    /// after the probe's result changed, so the managers see every change, as `backoff`
+    /// otherwise. `backoff`: the first overwrite at once, then 1 s, 2 s, 4 s … up to 1 m while
+    /// overwrites keep coming within 30 s of a repair. `immediate`: every overwrite at once, at
+    /// most one write per condition per second. docs/providers.md has what each costs and
+    /// keeps under which provider.
+    #[arg(long, value_enum, default_value_t = Repair::AfterChange, env = "PODPROBE_OVERWRITE_REPAIR")]
+    overwrite_repair: Repair,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Repair {
+    AfterChange,
+    Backoff,
+    Immediate,
+}
+
+impl From<Repair> for RepairPolicy {
+    fn from(r: Repair) -> Self {
+        match r {
+            Repair::AfterChange => RepairPolicy::AfterChange,
+            Repair::Backoff => RepairPolicy::Backoff,
+            Repair::Immediate => RepairPolicy::Immediate,
+        }
+    }
 }
 
 fn init_logging(level: &str, format: LogFormat) {

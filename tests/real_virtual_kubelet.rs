@@ -2,6 +2,10 @@
 //! testkit::real::virtual_kubelet): the node agent serverless providers are built on, which
 //! writes the pods' status itself (`UpdateStatus`, the whole `.status`). The sidecar runs as
 //! a process beside it with a token bound to its pod, as in a pod there.
+//!
+//! `vk-replacer` is a provider built on the library that does not notify: the library copies
+//! its status (Ready, Initialized, PodScheduled only) over the pod every 5 s, as under
+//! azure-aci. There podprobe's conditions are overwritten every time it writes them.
 
 mod support;
 
@@ -14,7 +18,8 @@ use serde_json::json;
 use support::real::{RealCluster, SIDECAR_SA};
 use support::*;
 use testkit::real::VIRTUAL_NODE_NAME;
-use testkit::real::virtual_kubelet::VirtualKubelet;
+use testkit::real::virtual_kubelet::{Provider, VIRTUAL_KUBELET_USER, VirtualKubelet};
+use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const IDLE: &str = "game.kruise.io/idle";
@@ -106,15 +111,147 @@ async fn conditions_follow_the_probe_on_a_virtual_kubelet_node() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_provider_that_replaces_the_status_a_new_result_is_written_back_after_each_overwrite()
+ {
+    let cluster = RealCluster::start().await;
+    let vk = VirtualKubelet::start_node(&cluster.cp, "vk-replacer", Provider::Replacer)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let flag = cluster.dir.path().join("idle");
+    std::fs::write(&flag, "idle").unwrap();
+    let mut pod = game_pod(
+        "gs-r",
+        &array(&[file_probe("idle", IDLE, &flag)]),
+        json!([]),
+    );
+    let spec = pod.spec.as_mut().unwrap();
+    spec.node_name = Some("vk-replacer".to_owned());
+    spec.service_account_name = Some(SIDECAR_SA.to_owned());
+    cluster
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    // The library's first copy of the provider's status: Running.
+    let running = cluster
+        .wait_pod("gs-r", LIMIT, |p| phase(p) == Some("Running"))
+        .await;
+    // The default policy (after-change): the first result is new for 30 s, and each
+    // overwrite meanwhile is written back at once.
+    let mut sidecar = cluster.sidecar(&running, &[]).await;
+
+    // What the admin's watch sees of the condition: each time it comes and goes.
+    let shown = presence_changes(&cluster, "gs-r", 6, LIMIT).await;
+    let at = |n: usize| shown[n].0;
+    assert_eq!(
+        shown
+            .iter()
+            .map(|(_, present)| *present)
+            .collect::<Vec<_>>(),
+        [true, false, true, false, true, false],
+        "{shown:?}\nsidecar: {}\nagent: {}",
+        sidecar.log(),
+        vk.log_tail(20)
+    );
+    // Each overwrite is the library's copy, within its 5 s sync period of the write it undid,
+    // and each is written back within a round trip, not after a backoff.
+    for n in [1, 3] {
+        let undone = at(n) - at(n - 1);
+        assert!(
+            undone < Duration::from_secs(7),
+            "overwrite {n} after {undone:?}"
+        );
+        let back = at(n + 1) - at(n);
+        assert!(
+            back < Duration::from_secs(1),
+            "written back {back:?} after overwrite {n}\n{}",
+            sidecar.log()
+        );
+    }
+    let writes = status_writes(&cluster, "gs-r");
+    assert!(
+        writes.provider >= 3 && writes.sidecar >= 3,
+        "{writes:?}: the library's copies and podprobe's writes"
+    );
+    let log = sidecar.log();
+    assert!(
+        log.contains("removed or changed condition game.kruise.io/idle; writing it back in 0ns"),
+        "{log}"
+    );
+    // A removed entry has no owner, so the sidecar cannot name the writer; the pod's status
+    // managers can (what `kubectl podprobe explain` lists): the library writes as its binary.
+    let pod = cluster.pods().get("gs-r").await.unwrap();
+    let status_managers: Vec<_> = pod
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        status_managers.iter().any(|m| m == "vk-replacer"),
+        "{status_managers:?}"
+    );
+    sidecar.terminate(Duration::from_secs(5));
+}
+
+/// Times the condition [`IDLE`] appeared (true) or went (false) in a watch of pod `name`, from
+/// its first appearance, until `count` changes.
+async fn presence_changes(
+    cluster: &RealCluster,
+    name: &str,
+    count: usize,
+    limit: Duration,
+) -> Vec<(Instant, bool)> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut pods = std::pin::pin!(watcher(cluster.pods(), config).applied_objects());
+    let mut shown: Vec<(Instant, bool)> = Vec::new();
+    let deadline = Instant::now() + limit;
+    while shown.len() < count {
+        let next = tokio::time::timeout_at(deadline, pods.next()).await;
+        let Ok(Some(Ok(pod))) = next else {
+            panic!(
+                "{} of {count} changes within {limit:?}: {shown:?}",
+                shown.len()
+            );
+        };
+        let present = condition(&pod, IDLE).is_some();
+        if shown.is_empty() && !present {
+            continue;
+        }
+        let changed = shown.last().map_or(present, |(_, last)| *last != present);
+        if changed {
+            shown.push((Instant::now(), present));
+        }
+    }
+    shown
+}
+
+#[derive(Debug, Default)]
+struct StatusWrites {
+    provider: usize,
+    sidecar: usize,
+}
+
+/// Pod `name`'s status writes by the node agent and by the sidecar, from the audit log.
+fn status_writes(cluster: &RealCluster, name: &str) -> StatusWrites {
+    let mut writes = StatusWrites::default();
+    for e in cluster.cp.audit().expect("audit log") {
+        if e.user.username == VIRTUAL_KUBELET_USER && e.is("update", "pods/status", Some(name)) {
+            writes.provider += 1;
+        } else if e.user.username.ends_with(SIDECAR_SA) && e.is("patch", "pods/status", Some(name))
+        {
+            writes.sidecar += 1;
+        }
+    }
+    writes
+}
+
 /// The pod status writes the virtual-kubelet made, as the apiserver's audit log has them.
 fn library_status_writes(cluster: &RealCluster) -> usize {
-    cluster
-        .cp
-        .audit()
-        .expect("audit log")
-        .into_iter()
-        .filter(|e| {
-            e.user.username == "virtual-kubelet" && e.is("update", "pods/status", Some("gs-0"))
-        })
-        .count()
+    status_writes(cluster, "gs-0").provider
 }

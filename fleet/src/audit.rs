@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
 use testkit::real::AuditEvent;
+use testkit::real::virtual_kubelet::VIRTUAL_KUBELET_USER;
 
 use crate::cluster::{CONDITION, NS, SIDECAR_SA};
 use crate::flips::Flip;
@@ -19,6 +20,16 @@ enum Write {
     Status(Option<bool>),
     /// A write of the pod's metadata by anyone but the admin: the manager's markers.
     Marker,
+    /// A status write by a virtual-kubelet node agent (the library's `UpdateStatus`).
+    Provider,
+}
+
+/// One pod's writes in a window, by writer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    pub sidecar_status: usize,
+    pub provider_status: usize,
+    pub markers: usize,
 }
 
 /// The audit log at `path` and the files the apiserver rotated it into (`audit-<time>.log`
@@ -147,6 +158,7 @@ impl Writes {
             };
             let write = match object.subresource.as_str() {
                 "status" if event.user.username == sidecar => Write::Status(condition(&event)),
+                "status" if event.user.username == VIRTUAL_KUBELET_USER => Write::Provider,
                 "" if event.user.username != "admin" => Write::Marker,
                 _ => continue,
             };
@@ -164,6 +176,25 @@ impl Writes {
             .filter(|(at, _)| *at >= from)
             .map(|(at, write)| format!("  {at} {write:?}\n"))
             .collect()
+    }
+
+    /// Pod `pod`'s writes answered in `[from, to)`.
+    pub fn counts(&self, pod: usize, from: Timestamp, to: Timestamp) -> WriteCounts {
+        let mut counts = WriteCounts::default();
+        for (_, write) in self
+            .0
+            .get(&pod)
+            .into_iter()
+            .flatten()
+            .filter(|(at, _)| *at >= from && *at < to)
+        {
+            match write {
+                Write::Status(_) => counts.sidecar_status += 1,
+                Write::Provider => counts.provider_status += 1,
+                Write::Marker => counts.markers += 1,
+            }
+        }
+        counts
     }
 
     /// The cost of each of `flips` (all flips of the run, any order).
@@ -199,6 +230,7 @@ impl Writes {
                             }
                         }
                         Write::Marker => cost.marker_writes += 1,
+                        Write::Provider => {}
                     }
                 }
                 cost.status_answered = answered;

@@ -13,6 +13,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 use testkit::real::process::Daemon;
+use testkit::real::virtual_kubelet::{Provider, VirtualKubelet};
 use testkit::real::{ControlPlane, sidecar_rbac};
 
 use crate::FleetError;
@@ -48,11 +49,34 @@ pub struct Periods {
     pub exec: u32,
 }
 
+/// The pods' nodes.
+#[derive(Debug, Clone)]
+pub enum Nodes {
+    /// `n` Node objects `vk-0` … labelled `type=virtual-kubelet`, with no agent behind them:
+    /// the fleet writes each pod's status once, as a provider would.
+    Objects(usize),
+    /// The virtual-kubelet library's node agents, named, each with its provider: the library
+    /// writes the pods' status.
+    Agents(Vec<(String, Provider)>),
+}
+
+impl Nodes {
+    /// The node pod `i` is bound to.
+    pub fn node_of(&self, i: usize) -> String {
+        match self {
+            Nodes::Objects(n) => format!("vk-{}", i % n.max(&1)),
+            Nodes::Agents(agents) => agents[i % agents.len().max(1)].0.clone(),
+        }
+    }
+}
+
 /// The running control plane and manager; everything stops when dropped.
 #[derive(Debug)]
 pub struct Cluster {
-    // Field order is drop order: the manager before the control plane it talks to.
+    // Field order is drop order: the manager and node agents before the control plane they
+    // talk to.
     podprobe_manager: Option<Daemon>,
+    agents: Vec<VirtualKubelet>,
     pub cp: ControlPlane,
     pub kind: ManagerKind,
     /// Where the manager serves /metrics.
@@ -60,6 +84,11 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// The node agents' logs, for a failed run's diagnostics.
+    pub fn agent_log_tails(&self, lines: usize) -> String {
+        self.agents.iter().map(|a| a.log_tail(lines)).collect()
+    }
+
     /// The manager's process id.
     pub fn manager_pid(&self) -> u32 {
         match &self.podprobe_manager {
@@ -68,12 +97,12 @@ impl Cluster {
         }
     }
 
-    /// Starts everything for a fleet whose probes aim at `http_port` and `tcp_port`, with
-    /// `nodes` virtual-kubelet nodes; returns once the manager's webhook annotates new pods.
+    /// Starts everything for a fleet whose probes aim at `http_port` and `tcp_port`, on
+    /// `nodes`; returns once the manager's webhook annotates new pods.
     pub async fn start(
         kind: ManagerKind,
         manager_binary: &Path,
-        nodes: usize,
+        nodes: &Nodes,
         ports: (u16, u16),
         periods: Periods,
     ) -> Result<Cluster, FleetError> {
@@ -92,20 +121,31 @@ impl Cluster {
                 metrics
             }
         };
+        let mut agents = Vec::new();
+        match nodes {
+            Nodes::Objects(count) => {
+                for n in 0..*count {
+                    let node: Node = serde_json::from_value(json!({"metadata": {
+                        "name": format!("vk-{n}"), "labels": {"type": "virtual-kubelet"}}}))?;
+                    Api::<Node>::all(cp.client())
+                        .create(&PostParams::default(), &node)
+                        .await?;
+                }
+            }
+            Nodes::Agents(list) => {
+                for (name, provider) in list {
+                    agents.push(VirtualKubelet::start_node(&cp, name, *provider).await?);
+                }
+            }
+        }
         let cluster = Cluster {
             podprobe_manager,
+            agents,
             cp,
             kind,
             manager_metrics,
         };
         let client = cluster.cp.client();
-        for n in 0..nodes {
-            let node: Node = serde_json::from_value(json!({"metadata": {
-                "name": format!("vk-{n}"), "labels": {"type": "virtual-kubelet"}}}))?;
-            Api::<Node>::all(client.clone())
-                .create(&PostParams::default(), &node)
-                .await?;
-        }
         let ppm: DynamicObject = serde_json::from_value(podprobemarker(ports, periods))?;
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
             "apps.kruise.io",
@@ -116,7 +156,7 @@ impl Cluster {
             .create(&PostParams::default(), &ppm)
             .await?;
         // The webhooks read PodProbeMarkers from a watch cache: wait until it has this one.
-        let sample: Pod = serde_json::from_value(pod_template(0, 1, ports))?;
+        let sample: Pod = serde_json::from_value(pod_template(0, nodes, ports))?;
         cluster
             .cp
             .wait_admission(&sample, |p| {

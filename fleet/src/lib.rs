@@ -9,6 +9,8 @@
 //! - [`flips`]: flipping targets, watching conditions and markers follow;
 //! - [`audit`]: each flip's patches and the time its status patch was answered;
 //! - [`outage`]: an apiserver or etcd outage during the flips;
+//! - [`providers`], [`presence`]: real virtual-kubelet node agents rewriting the pods' status,
+//!   and how much of the time each condition showed the probe's state (issue 24);
 //! - [`measure`], [`report`]: the figures.
 //!
 //! The run: pods created → baseline window (no sidecars) → sidecars started, until every pod
@@ -21,6 +23,8 @@ mod http;
 pub mod measure;
 pub mod outage;
 pub mod pods;
+pub mod presence;
+pub mod providers;
 pub mod report;
 pub mod sidecars;
 pub mod targets;
@@ -112,10 +116,11 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         .tempdir()?;
     let targets = targets::Targets::start(n).await?;
     let ports = (targets.http_port, targets.tcp_port);
+    let nodes = cluster::Nodes::Objects(options.nodes);
     let mut cluster = cluster::Cluster::start(
         options.manager,
         &options.manager_binary,
-        options.nodes,
+        &nodes,
         ports,
         options.periods,
     )
@@ -128,7 +133,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let empty = measure::quiet(&cluster, &no_sidecars, SETTLE, n).await?;
 
     let started = Instant::now();
-    let pods = pods::create(&cluster.cp, work.path(), n, options.nodes, ports).await?;
+    let pods = pods::create(&cluster.cp, work.path(), n, &nodes, ports).await?;
     eprintln!("fleet: {n} pods created in {:.1?}", started.elapsed());
 
     let idle_window = Duration::from_secs(options.idle_seconds);
@@ -142,6 +147,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         options.sidecars_per_process,
         options.source,
         options.event_burst,
+        podprobe::sidecar::RepairPolicy::default(),
     )?;
     let processes = measure::Processes::of(&cluster, hosts.pids());
     let before = measure::sample(&cluster, &processes).await?;
@@ -305,7 +311,7 @@ async fn wait_all_showing(
     }
 }
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

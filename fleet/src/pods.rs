@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use testkit::real::ControlPlane;
 
 use crate::FleetError;
-use crate::cluster::{NS, SIDECAR_SA};
+use crate::cluster::{NS, Nodes, SIDECAR_SA};
 use crate::targets::pod_ip;
 
 /// Requests in flight while the fleet is made (the apiserver's default max-in-flight for
@@ -37,12 +37,21 @@ pub fn pod_name(i: usize) -> String {
     format!("fleet-{i}")
 }
 
-/// Pod `i` as its owner creates it: bound to one of `nodes` virtual-kubelet nodes.
-pub fn pod_template(i: usize, nodes: usize, (http_port, tcp_port): (u16, u16)) -> Value {
+/// Pod `i` as its owner creates it: bound to its virtual-kubelet node.
+///
+/// On a node agent the pod opts out of sidecar injection: its sidecar runs beside the agent as
+/// a process, and the library's mock provider refuses a container whose environment reads
+/// `status.podIP` (as the injected sidecar's `POD_IP` does): `unsupported fieldPath`.
+pub fn pod_template(i: usize, nodes: &Nodes, (http_port, tcp_port): (u16, u16)) -> Value {
+    let mut labels = json!({"app": "fleet"});
+    if let Nodes::Agents(_) = nodes {
+        labels["podprobe.io/inject"] = json!("disabled");
+    }
+    let node = nodes.node_of(i);
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod_name(i), "namespace": NS, "labels": {"app": "fleet"}},
-        "spec": {"nodeName": format!("vk-{}", i % nodes.max(1)),
+        "metadata": {"name": pod_name(i), "namespace": NS, "labels": labels},
+        "spec": {"nodeName": node,
                  "serviceAccountName": SIDECAR_SA,
                  "containers": [{"name": "main", "image": "game:1", "ports": [
                      {"containerPort": http_port}, {"containerPort": tcp_port}]}]}
@@ -76,13 +85,13 @@ fn provider_status(pod: &Pod, ip: &str) -> Value {
     }})
 }
 
-/// Creates pods `0..count`, writes their status and their sidecars' kubeconfigs and
-/// annotations files under `work`.
+/// Creates pods `0..count` on `nodes`, writes their status (on Node objects without an agent)
+/// and their sidecars' kubeconfigs and annotations files under `work`.
 pub async fn create(
     cp: &ControlPlane,
     work: &Path,
     count: usize,
-    nodes: usize,
+    nodes: &Nodes,
     ports: (u16, u16),
 ) -> Result<Vec<FleetPod>, FleetError> {
     let mut pods: Vec<FleetPod> = futures::stream::iter(0..count)
@@ -98,7 +107,7 @@ async fn create_one(
     cp: &ControlPlane,
     work: &Path,
     i: usize,
-    nodes: usize,
+    nodes: &Nodes,
     ports: (u16, u16),
 ) -> Result<FleetPod, FleetError> {
     let api: Api<Pod> = Api::namespaced(cp.client(), NS);
@@ -112,12 +121,14 @@ async fn create_one(
         )));
     }
     let ip = pod_ip(i).to_string();
-    api.patch_status(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(&provider_status(&pod, &ip)),
-    )
-    .await?;
+    if let Nodes::Objects(_) = nodes {
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&provider_status(&pod, &ip)),
+        )
+        .await?;
+    }
     let token = cp.pod_token(SIDECAR_SA, &pod).await?;
     let dir = work.join(&name);
     std::fs::create_dir_all(&dir)?;

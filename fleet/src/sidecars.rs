@@ -19,7 +19,7 @@ use podprobe::events::EventBudget;
 use podprobe::pod::{PodIdentity, SourceKind};
 use podprobe::probe::ExecMode;
 use podprobe::runner::TimingDefaults;
-use podprobe::sidecar::SidecarOptions;
+use podprobe::sidecar::{RepairPolicy, SidecarOptions};
 
 use crate::FleetError;
 use crate::pods::FleetPod;
@@ -31,13 +31,20 @@ use crate::report::Source;
 pub struct HostSpec {
     pub source: Source,
     pub event_burst: NonZeroU32,
+    #[serde(default)]
+    pub overwrite_repair: RepairPolicy,
     pub pods: Vec<FleetPod>,
 }
 
 /// `podprobe run`'s options for one pod, with the command line's defaults but the source and
 /// the Events' burst. Exec probes run in the host's own container (`local`): there is no
 /// container to enter.
-pub fn options(pod: &FleetPod, source: Source, event_burst: NonZeroU32) -> SidecarOptions {
+pub fn options(
+    pod: &FleetPod,
+    source: Source,
+    event_burst: NonZeroU32,
+    overwrite_repair: RepairPolicy,
+) -> SidecarOptions {
     SidecarOptions {
         identity: PodIdentity {
             name: pod.name.clone(),
@@ -62,6 +69,7 @@ pub fn options(pod: &FleetPod, source: Source, event_burst: NonZeroU32) -> Sidec
         }),
         metrics_addr: None,
         exec_mode: ExecMode::Local,
+        overwrite_repair,
     }
 }
 
@@ -80,12 +88,14 @@ impl Hosts {
         per_process: usize,
         source: Source,
         event_burst: NonZeroU32,
+        overwrite_repair: RepairPolicy,
     ) -> Result<Hosts, FleetError> {
         let mut children = Vec::new();
         for (n, chunk) in pods.chunks(per_process.max(1)).enumerate() {
             let spec = HostSpec {
                 source,
                 event_burst,
+                overwrite_repair,
                 pods: chunk.to_vec(),
             };
             let path = work.join(format!("host-{n}.json"));
@@ -143,7 +153,7 @@ pub async fn host(spec: PathBuf) -> Result<(), FleetError> {
             .await
             .map_err(|e| FleetError::Setup(format!("{}: {e}", pod.kubeconfig.display())))?;
         let client = kube::Client::try_from(config)?;
-        let options = options(&pod, spec.source, spec.event_burst);
+        let options = options(&pod, spec.source, spec.event_burst, spec.overwrite_repair);
         tasks.spawn(async move {
             let name = options.identity.name.clone();
             if let Err(e) = podprobe::sidecar::run_with_client(

@@ -136,6 +136,8 @@ struct State {
     queued_at: BTreeMap<String, Instant>,
     /// When the last accepted patch of each type came back.
     written_at: BTreeMap<String, Instant>,
+    /// A write-back is pending: the next patch goes without the coalescing window.
+    urgent: bool,
 }
 
 impl State {
@@ -157,6 +159,7 @@ impl State {
             .iter()
             .filter_map(|kind| self.pending.remove(kind))
             .collect();
+        self.urgent = false;
         self.in_flight = batch
             .iter()
             .map(|w| w.condition_type().to_owned())
@@ -243,6 +246,17 @@ impl ConditionWriter {
     /// Queues a condition; a newer write of the same type replaces an older pending one.
     pub fn submit(&self, condition: PodCondition) {
         self.queue(ConditionWrite::Set(condition));
+    }
+
+    /// Queues a condition to write back after another writer removed or changed it. It goes
+    /// without the coalescing window: it restores a result already decided, and every
+    /// millisecond of the wait is a millisecond the pod shows no condition.
+    pub fn write_back(&self, condition: PodCondition) {
+        let mut state = self.lock();
+        state.queue(ConditionWrite::Set(condition));
+        state.urgent = true;
+        drop(state);
+        self.shared.wake.notify_one();
     }
 
     /// Queues the removal of a condition; replaces a pending write of the same type, so a
@@ -341,7 +355,7 @@ impl WriteLoop {
             if let Next::Wait = self.wait_for_work().await {
                 continue;
             }
-            if self.coalesce {
+            if self.coalesce && !lock(&self.shared).urgent {
                 tokio::time::sleep(self.config.coalesce).await;
             }
             let Some(pod_uid) = self.uid.borrow_and_update().clone() else {
@@ -624,6 +638,35 @@ mod tests {
             vec![ConditionWrite::Delete("a".into())]
         );
         assert!(state.take_batch(false).is_empty());
+    }
+
+    #[test]
+    fn a_write_back_skips_the_coalescing_window_of_the_next_patch_only() {
+        let (writer, _task) = {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _guard = rt.enter();
+            let uid = watch::channel(None).1;
+            ConditionWriter::spawn(
+                unreachable_pods(),
+                "p".into(),
+                uid,
+                WriterConfig::default(),
+                Metrics::new(),
+                ApiserverAnswered::default(),
+            )
+        };
+        let ConditionWrite::Set(condition) = set("a", "m") else {
+            unreachable!()
+        };
+        writer.write_back(condition.clone());
+        assert!(writer.lock().urgent);
+        assert_eq!(writer.lock().take_batch(false), vec![set("a", "m")]);
+        assert!(!writer.lock().urgent, "the next patch waits again");
+        writer.submit(condition);
+        assert!(!writer.lock().urgent);
     }
 
     #[test]

@@ -4,6 +4,8 @@
 mod probing;
 mod repair;
 
+pub use repair::RepairPolicy;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -41,6 +43,8 @@ pub struct SidecarOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Where exec probes run (`api` and `auto` exec into this pod with the sidecar's client).
     pub exec_mode: ExecMode,
+    /// How soon a condition another writer removed or changed is written back.
+    pub overwrite_repair: RepairPolicy,
 }
 
 #[derive(Debug, thiserror::Error)]

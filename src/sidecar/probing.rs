@@ -74,6 +74,7 @@ impl Sidecar {
             )),
         };
         let (reports, reports_rx) = mpsc::channel(1024);
+        let repairs = Repairs::new(options.overwrite_repair);
         let sidecar = Sidecar {
             events: event_sink(client, &options),
             options,
@@ -89,7 +90,7 @@ impl Sidecar {
             writer_task,
             uid,
             reports,
-            repairs: Repairs::default(),
+            repairs,
             stopped: false,
         };
         (sidecar, reports_rx)
@@ -260,6 +261,8 @@ impl Sidecar {
                 );
                 self.events.transition(&t);
                 if let Some(condition) = self.book.record(&t) {
+                    self.repairs
+                        .changed(&t.probe.condition_type, Instant::now());
                     self.writer.submit(condition);
                 }
             }
@@ -339,13 +342,25 @@ impl Sidecar {
 
     fn repair_due(&mut self) {
         let now = Instant::now();
-        let (repair, recheck) = self.repairs.take_due(now);
+        let (mut repair, recheck) = self.repairs.take_due(now);
+        if !repair.is_empty() {
+            // The overwrite that took these usually took the pod's other conditions too (a
+            // provider replaces the whole status): they go in the same patch, for no extra
+            // request, instead of each waiting its own, maybe backed-off, repair.
+            for probe in &self.probes {
+                let other = &probe.condition_type;
+                if !repair.contains(other) && self.book.drifted(other).is_some() {
+                    self.repairs.ride_along(other, now);
+                    repair.push(other.clone());
+                }
+            }
+        }
         for condition_type in repair {
             if self.stopped || self.writer.progress(&condition_type).busy {
                 continue;
             }
             if let Some(condition) = self.book.drifted(&condition_type) {
-                self.writer.submit(condition.clone());
+                self.writer.write_back(condition.clone());
             }
         }
         for condition_type in recheck {

@@ -8,8 +8,7 @@
 //! events preceding it). Once a view has shown the published condition after the write was
 //! queued, every later view is newer than the write; until then a mismatch counts only after
 //! [`CONFIRM_GRACE`]. A mismatch seen while a write is on its way is looked at again
-//! [`RECHECK`] later. The first overwrite is repaired at once; each further one within [`QUIET`]
-//! of the previous repair doubles the wait, up to [`MAX_DELAY`].
+//! [`RECHECK`] later. How soon an overwrite is written back is the [`RepairPolicy`]'s choice.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -28,6 +27,34 @@ pub const RECHECK: Duration = Duration::from_secs(1);
 pub const QUIET: Duration = Duration::from_secs(30);
 /// The longest wait before repairing a condition that keeps being overwritten.
 pub const MAX_DELAY: Duration = Duration::from_secs(60);
+
+/// Under [`RepairPolicy::Immediate`], the shortest time between two repairs of one condition:
+/// a writer that removes it as soon as it sees it costs at most one write a second.
+pub const MIN_SPACING: Duration = Duration::from_secs(1);
+
+/// Under [`RepairPolicy::AfterChange`], how long after a probe's result changed every
+/// overwrite of its condition is written back at once: long enough for a manager to see the
+/// change and write its marker, though the provider undoes each write within seconds.
+pub const CHANGE_WINDOW: Duration = Duration::from_secs(30);
+
+/// How soon an overwritten condition is written back (`podprobe run --overwrite-repair`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RepairPolicy {
+    /// As [`RepairPolicy::Immediate`] for [`CHANGE_WINDOW`] after the probe's result changed,
+    /// as [`RepairPolicy::Backoff`] otherwise: a change stays visible until the managers have
+    /// acted on it, and a steady condition costs few writes.
+    #[default]
+    AfterChange,
+    /// The first overwrite at once; each further one within [`QUIET`] of the previous repair
+    /// doubles the wait (1 s, 2 s, 4 s …), up to [`MAX_DELAY`]. Few writes against any
+    /// overwriter; a provider that replaces the status every few seconds keeps the condition
+    /// absent most of the time, and managers can miss a change.
+    Backoff,
+    /// Every overwrite at once, at most one repair per condition per [`MIN_SPACING`]: the
+    /// condition is back within a round trip, at one write per overwrite.
+    Immediate,
+}
 
 /// What the latest view says about one owned condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,16 +89,26 @@ struct Track {
     streak: u32,
     /// When the last overwrite was (or is to be) written back.
     last_repair: Option<Instant>,
+    /// When the probe's result last changed.
+    changed_at: Option<Instant>,
     due: Option<(Instant, Due)>,
 }
 
 /// Per owned condition type: confirmation of podprobe's writes, overwrite streaks, repairs due.
 #[derive(Debug, Default)]
 pub struct Repairs {
+    policy: RepairPolicy,
     by_type: HashMap<String, Track>,
 }
 
 impl Repairs {
+    pub fn new(policy: RepairPolicy) -> Repairs {
+        Repairs {
+            policy,
+            by_type: HashMap::new(),
+        }
+    }
+
     /// Takes in what a view (or a recheck of the latest one) shows of `condition_type`;
     /// returns the overwrite it reveals, if it reveals one.
     pub fn observe(
@@ -108,13 +145,44 @@ impl Repairs {
             .last_repair
             .is_some_and(|last| now.saturating_duration_since(last) < QUIET);
         track.streak = if recent { track.streak + 1 } else { 1 };
-        let repair_at = now + delay(track.streak);
+        let at_once = match self.policy {
+            RepairPolicy::Immediate => true,
+            RepairPolicy::Backoff => false,
+            RepairPolicy::AfterChange => track
+                .changed_at
+                .is_some_and(|changed| now.saturating_duration_since(changed) < CHANGE_WINDOW),
+        };
+        let repair_at = if at_once {
+            track
+                .last_repair
+                .map_or(now, |last| (last + MIN_SPACING).max(now))
+        } else {
+            now + delay(track.streak)
+        };
         track.last_repair = Some(repair_at);
         track.due = Some((repair_at, Due::Repair));
         Some(Overwrite {
             streak: track.streak,
             repair_at,
         })
+    }
+
+    /// `condition_type` goes out with another condition's write-back: the same overwrite took
+    /// it, and one patch carries both. Its own repair, if one is scheduled, is done by that.
+    pub fn ride_along(&mut self, condition_type: &str, now: Instant) {
+        let track = self.by_type.entry(condition_type.to_owned()).or_default();
+        if matches!(track.due, Some((_, Due::Repair))) {
+            track.due = None;
+        }
+        track.last_repair = Some(now);
+    }
+
+    /// The probe writing `condition_type` has a new result (its first one included).
+    pub fn changed(&mut self, condition_type: &str, now: Instant) {
+        self.by_type
+            .entry(condition_type.to_owned())
+            .or_default()
+            .changed_at = Some(now);
     }
 
     /// The earliest instant something is due.
@@ -170,7 +238,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_condition_never_written_here_is_repaired_at_once() {
-        let mut repairs = Repairs::default();
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
         let now = Instant::now();
         let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
         assert_eq!(found.streak, 1);
@@ -181,7 +249,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_view_from_before_our_write_waits_for_confirmation() {
-        let mut repairs = Repairs::default();
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
         let written = Instant::now();
         // A stale view right after our write: not an overwrite, only a recheck later.
         assert_eq!(
@@ -204,7 +272,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_view_of_our_write_may_come_before_its_answer() {
-        let mut repairs = Repairs::default();
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
         let queued = Instant::now();
         let on_the_wire = WriteProgress {
             busy: true,
@@ -228,7 +296,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_mismatch_seen_while_our_write_is_on_its_way_is_looked_at_again() {
-        let mut repairs = Repairs::default();
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
         let now = Instant::now();
         let busy = WriteProgress {
             busy: true,
@@ -245,7 +313,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_unconfirmed_write_counts_as_overwritten_after_the_grace() {
-        let mut repairs = Repairs::default();
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
         let written = Instant::now();
         assert_eq!(
             repairs.observe(C, Seen::Drifted, idle(Some(written)), written),
@@ -262,7 +330,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn repeated_overwrites_back_off_and_a_quiet_minute_resets() {
-        let mut repairs = Repairs::default();
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
         let mut now = Instant::now();
         let mut waits = Vec::new();
         for _ in 0..12 {
@@ -284,8 +352,70 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn immediate_repairs_every_overwrite_at_most_once_a_second() {
+        let mut repairs = Repairs::new(RepairPolicy::Immediate);
+        let start = Instant::now();
+        let mut now = start;
+        let mut waits = Vec::new();
+        // A 5 s replacer: each repair is undone at the next sync, streaks never reset.
+        for _ in 0..20 {
+            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+            waits.push(found.repair_at.duration_since(now));
+            assert_eq!(repairs.take_due(found.repair_at).0, vec![C.to_owned()]);
+            now = found.repair_at + Duration::from_secs(5);
+        }
+        assert!(waits.iter().all(|w| w.is_zero()), "{waits:?}");
+        // A writer that undoes each repair within 100 ms: one write a second, no faster.
+        let mut repaired = Vec::new();
+        for _ in 0..5 {
+            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+            repaired.push(found.repair_at);
+            repairs.take_due(found.repair_at);
+            now = found.repair_at + Duration::from_millis(100);
+        }
+        for pair in repaired.windows(2) {
+            assert_eq!(pair[1] - pair[0], MIN_SPACING);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_change_every_overwrite_is_written_back_at_once_then_backed_off() {
+        let mut repairs = Repairs::new(RepairPolicy::AfterChange);
+        let start = Instant::now();
+        repairs.changed(C, start);
+        let mut now = start;
+        let mut waits = Vec::new();
+        // A 5 s replacer for a minute after the change.
+        while now < start + Duration::from_secs(60) {
+            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+            waits.push(found.repair_at.duration_since(now).as_secs());
+            assert_eq!(repairs.take_due(found.repair_at).0, vec![C.to_owned()]);
+            now = found.repair_at + Duration::from_secs(5);
+        }
+        // At once while the change is recent (0 … 25 s), backed off from 30 s on.
+        assert_eq!(waits[..6], [0, 0, 0, 0, 0, 0]);
+        assert!(waits[6] > 0, "{waits:?}");
+        // A new result: at once again.
+        repairs.changed(C, now);
+        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        assert_eq!(found.repair_at, now);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_condition_written_along_with_another_needs_no_repair_of_its_own() {
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
+        let now = Instant::now();
+        repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        repairs.take_due(now);
+        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
+        assert!(found.repair_at > now);
+        repairs.ride_along(C, now);
+        assert_eq!(repairs.next_due(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_restored_condition_cancels_the_repair() {
-        let mut repairs = Repairs::default();
+        let mut repairs = Repairs::new(RepairPolicy::Backoff);
         let now = Instant::now();
         let later = now + Duration::from_secs(1);
         repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
