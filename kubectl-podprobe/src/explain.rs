@@ -32,6 +32,7 @@ pub fn chain(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
         node_link(facts, settings),
     ];
     links.extend(probe_links(facts, &expected));
+    links.extend(overwrites_link(facts, settings));
     links
 }
 
@@ -294,6 +295,76 @@ fn probe_links(facts: &PodFacts, expected: &Expected) -> Vec<Link> {
     links
 }
 
+/// Another writer keeps removing or changing the pod's conditions: how often the sidecar
+/// reported it, who else writes the pod's status (managedFields), and what to do. Not a broken
+/// link: markers follow the probes either way, since a missing condition changes no marker.
+fn overwrites_link(facts: &PodFacts, settings: &Settings) -> Option<Link> {
+    let reported: Vec<_> = facts
+        .events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(OVERWRITTEN))
+        .collect();
+    let last = reported.last()?;
+    let count: i64 = reported
+        .iter()
+        .map(|e| i64::from(e.count.unwrap_or(1).max(1)))
+        .sum();
+    let since = reported
+        .iter()
+        .filter_map(|e| {
+            e.first_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| event_time(e))
+        })
+        .min()
+        .map(|t| inspect::human_age(inspect::age(settings.now, t)))
+        .unwrap_or_else(|| "?".into());
+    let writers = status_writers(&facts.pod, settings.now);
+    let writers = if writers.is_empty() {
+        "managedFields name no other writer of the status".to_owned()
+    } else {
+        format!("the status is also written by {}", writers.join(", "))
+    };
+    Some(link(
+        "overwrites",
+        true,
+        format!(
+            "conditions overwritten: {count} {OVERWRITTEN} Event(s) in the last {since} (the sidecar publishes at most one per condition per 10m; its metric podprobe_condition_overwrites_total counts each), the last: {:?}; {writers}. The sidecar writes them back (--overwrite-repair after-change, the default: at once for 30 s after a probe's result changed, so the managers see each change, then 1 s … 1 m apart while overwrites go on); where a provider replaces the whole status every few seconds, --overwrite-repair=immediate keeps them present at one write per overwrite (docs/providers.md)",
+            last.message.as_deref().unwrap_or_default()
+        ),
+    ))
+}
+
+/// The field managers other than podprobe's that wrote the pod's status, newest first, each
+/// with its operation and how long ago.
+fn status_writers(pod: &k8s_openapi::api::core::v1::Pod, now: jiff::Timestamp) -> Vec<String> {
+    let mut writers: Vec<_> = pod
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter(|m| m.manager.as_deref() != Some(podprobe::condition::FIELD_MANAGER))
+        .collect();
+    writers.sort_by_key(|m| std::cmp::Reverse(m.time.as_ref().map(|t| t.0)));
+    writers
+        .iter()
+        .map(|m| {
+            let age = m
+                .time
+                .as_ref()
+                .map(|t| format!(", {} ago", inspect::human_age(inspect::age(now, t.0))))
+                .unwrap_or_default();
+            format!(
+                "{} ({}{age})",
+                m.manager.as_deref().unwrap_or("?"),
+                m.operation.as_deref().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
 /// The newest `PodProbeConditionOverwritten` Event for `condition_type`, as a note.
 fn overwritten(facts: &PodFacts, condition_type: &str) -> Option<String> {
     facts
@@ -331,4 +402,88 @@ pub fn event_lines(facts: &PodFacts, settings: &Settings) -> Vec<String> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    use serde_json::json;
+
+    use super::*;
+    use crate::facts::Unread;
+
+    fn settings(now: &str) -> Settings {
+        Settings {
+            sidecar_container: "podprobe".into(),
+            serverless_label: ("type".into(), "virtual-kubelet".into()),
+            refresh_interval: Duration::from_secs(600),
+            now: now.parse().unwrap(),
+        }
+    }
+
+    /// A pod whose status podprobe, the node agent and the kubelet-less scheduler wrote.
+    fn facts(events: Vec<Event>) -> PodFacts {
+        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "gs-0",
+            "managedFields": [
+                {"manager": "podprobe", "operation": "Update", "subresource": "status",
+                 "time": "2026-11-25T12:59:00Z"},
+                {"manager": "vk-replacer", "operation": "Update", "subresource": "status",
+                 "time": "2026-11-25T12:59:57Z"},
+                {"manager": "kube-scheduler", "operation": "Update", "subresource": "status",
+                 "time": "2026-11-25T12:00:00Z"},
+                {"manager": "kruise-manager", "operation": "Update",
+                 "time": "2026-11-25T12:59:58Z"}]}}))
+        .unwrap();
+        PodFacts {
+            pod,
+            markers: None,
+            node: None,
+            events,
+            unread: Unread::default(),
+        }
+    }
+
+    fn overwritten_event(first: &str, last: &str, count: i32) -> Event {
+        serde_json::from_value(json!({"metadata": {"name": "e"},
+            "involvedObject": {}, "reason": OVERWRITTEN, "type": "Warning", "count": count,
+            "firstTimestamp": first, "lastTimestamp": last,
+            "message": "another writer (vk-replacer) removed or changed condition game.io/idle; podprobe writes it back"}))
+        .unwrap()
+    }
+
+    #[test]
+    fn overwrites_say_how_often_who_else_writes_the_status_and_what_to_do() {
+        let events = vec![
+            overwritten_event("2026-11-25T12:30:00Z", "2026-11-25T12:30:00Z", 1),
+            overwritten_event("2026-11-25T12:40:00Z", "2026-11-25T12:50:00Z", 2),
+        ];
+        let link = overwrites_link(&facts(events), &settings("2026-11-25T13:00:00Z")).unwrap();
+        assert_eq!(link.name, "overwrites");
+        assert!(link.ok, "markers follow either way: not a broken link");
+        let f = &link.finding;
+        assert!(
+            f.contains("3 PodProbeConditionOverwritten Event(s) in the last 30m"),
+            "{f}"
+        );
+        assert!(
+            f.contains("another writer (vk-replacer) removed or changed condition game.io/idle"),
+            "{f}"
+        );
+        // Status writers only, newest first, podprobe's own left out.
+        assert!(
+            f.contains("the status is also written by vk-replacer (Update, 3s ago), kube-scheduler (Update, 60m ago)."),
+            "{f}"
+        );
+        assert!(f.contains("--overwrite-repair=immediate"), "{f}");
+    }
+
+    #[test]
+    fn no_overwrite_reported_no_line() {
+        assert_eq!(
+            overwrites_link(&facts(Vec::new()), &settings("2026-11-25T13:00:00Z")),
+            None
+        );
+    }
 }
