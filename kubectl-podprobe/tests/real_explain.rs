@@ -161,8 +161,8 @@ impl Cluster {
             ..PatchParams::default()
         };
         pods.patch_status(spec.name, &agent, &Patch::Strategic(&status))
-        .await
-        .unwrap();
+            .await
+            .unwrap();
     }
 
     /// An Event as the sidecar emits it when another writer removed its condition.
