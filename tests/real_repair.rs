@@ -124,8 +124,10 @@ async fn a_writer_that_keeps_removing_a_condition_is_not_fought_in_a_hot_loop() 
     let writes_before = cluster.sidecar_status_writes("gs-f").len();
 
     // A writer that removes the condition as soon as it sees it, for a fixed window. Fought
-    // without backoff this is a write every few milliseconds; with it, repairs come after
-    // 0, 1, 2, 4 s: at most 5 in 8 s whatever the machine's speed.
+    // without a limit this is a write every few milliseconds. The default policy
+    // (after-change) writes back at once within 30 s of the probe's first result, which this
+    // window is, but at most once a second per condition: at most 9 in 8 s whatever the
+    // machine's speed. (Later, or under `backoff`, the waits grow: repair.rs's unit tests.)
     const WINDOW: Duration = Duration::from_secs(8);
     let start = Instant::now();
     let mut removals = 0;
@@ -144,7 +146,10 @@ async fn a_writer_that_keeps_removing_a_condition_is_not_fought_in_a_hot_loop() 
         "the writer kept removing it: {removals}\n{}",
         sidecar.log()
     );
-    assert!(repairs <= 5, "{repairs} repairs in {WINDOW:?}: a hot loop");
+    assert!(
+        repairs <= WINDOW.as_secs() as usize + 1,
+        "{repairs} repairs in {WINDOW:?}: a hot loop"
+    );
     let text = metrics(port).await.unwrap();
     assert!(overwrites(&text, IDLE) >= 3, "{text}");
 

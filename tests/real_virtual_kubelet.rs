@@ -255,3 +255,103 @@ fn status_writes(cluster: &RealCluster, name: &str) -> StatusWrites {
 fn library_status_writes(cluster: &RealCluster) -> usize {
     status_writes(cluster, "gs-0").provider
 }
+
+/// Issue 24 step 5, end to end through the real library: a PodProbeMarker in OpenKruise's
+/// kruise-manager (`EnablePodProbeMarkerOnServerless`), whose webhook writes the annotation on
+/// a pod bound to the library's node; the library runs it (mock provider); podprobe writes the
+/// condition; kruise-manager, which needs the node's `type=virtual-kubelet` label and the
+/// library's `Initialized`, writes the markers, and each marker is a pod update the library
+/// answers with a status write of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kruise_marks_through_the_virtual_kubelet_library() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let mut cluster = RealCluster::start().await;
+    cluster
+        .cp
+        .start_kruise_manager()
+        .await
+        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    let vk = VirtualKubelet::start(&cluster.cp)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let flag = cluster.dir.path().join("idle");
+    std::fs::write(&flag, "idle").unwrap();
+    let mut probe: serde_json::Value =
+        serde_json::from_str(&file_probe("idle", IDLE, &flag)).unwrap();
+    probe["markerPolicy"] = json!([
+        {"state": "Succeeded", "labels": {"gameserver-idle": "true"}},
+        {"state": "Failed", "labels": {"gameserver-idle": "false"}}]);
+    let ppm: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
+        "metadata": {"name": "game", "namespace": "games"},
+        "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": [probe]}
+    }))
+    .unwrap();
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "apps.kruise.io",
+        "v1alpha1",
+        "PodProbeMarker",
+    ));
+    Api::<DynamicObject>::namespaced_with(cluster.cp.client(), "games", &resource)
+        .create(&PostParams::default(), &ppm)
+        .await
+        .unwrap_or_else(|e| panic!("Kruise's webhook refused the PodProbeMarker: {e}"));
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "gs-k", "namespace": "games", "labels": {"app": "game"}},
+        "spec": {"nodeName": VIRTUAL_NODE_NAME, "serviceAccountName": SIDECAR_SA,
+                 "containers": [{"name": "main", "image": "game:1"}]}
+    }))
+    .unwrap();
+    let annotated = |p: &Pod| {
+        p.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key("kruise.io/podprobe"))
+    };
+    cluster
+        .cp
+        .wait_admission(&pod, annotated)
+        .await
+        .unwrap_or_else(|e| panic!("Kruise's webhook never annotates: {e}"));
+    cluster
+        .pods()
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let running = cluster
+        .wait_pod("gs-k", LIMIT, |p| phase(p) == Some("Running"))
+        .await;
+    let sidecar = cluster.sidecar(&running, &[]).await;
+    let marker = |p: &Pod, value: &str| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("gameserver-idle"))
+            .is_some_and(|v| v == value)
+    };
+    cluster
+        .wait_pod("gs-k", LIMIT, |p| {
+            has_status(p, IDLE, "True") && marker(p, "true")
+        })
+        .await;
+    let library_writes = status_writes(&cluster, "gs-k").provider;
+    std::fs::remove_file(&flag).unwrap();
+    let pod = cluster
+        .wait_pod("gs-k", LIMIT, |p| {
+            has_status(p, IDLE, "False") && marker(p, "false")
+        })
+        .await;
+    for kubelet_condition in ["PodScheduled", "Initialized", "Ready"] {
+        assert!(
+            condition(&pod, kubelet_condition).is_some(),
+            "{kubelet_condition}: {:?}\nvirtual-kubelet: {}",
+            pod.status,
+            vk.log_tail(20)
+        );
+    }
+    assert!(
+        status_writes(&cluster, "gs-k").provider > library_writes,
+        "the library wrote the status again after the flip and its marker\nsidecar: {}",
+        sidecar.log()
+    );
+}
