@@ -23,9 +23,33 @@ use tokio::time::Instant;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const IDLE: &str = "game.kruise.io/idle";
+/// The node `vk-replacer` registers.
+const REPLACER: &str = "vk-replacer";
 
 fn phase(pod: &Pod) -> Option<&str> {
     pod.status.as_ref()?.phase.as_deref()
+}
+
+/// Pod `name` bound to `node` with the sidecar's service account, `probes` as its annotation.
+fn pod_on(name: &str, node: &str, probes: &str) -> Pod {
+    let mut pod = game_pod(name, probes, json!([]));
+    let spec = pod.spec.as_mut().unwrap();
+    spec.node_name = Some(node.to_owned());
+    spec.service_account_name = Some(SIDECAR_SA.to_owned());
+    pod
+}
+
+/// Creates `pod` and waits until the library reports it Running.
+async fn run_on_agent(cluster: &RealCluster, pod: &Pod) -> Pod {
+    cluster
+        .pods()
+        .create(&PostParams::default(), pod)
+        .await
+        .unwrap();
+    let name = pod.metadata.name.as_deref().unwrap();
+    cluster
+        .wait_pod(name, LIMIT, |p| phase(p) == Some("Running"))
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,23 +79,9 @@ async fn conditions_follow_the_probe_on_a_virtual_kubelet_node() {
 
     let flag = cluster.dir.path().join("idle");
     std::fs::write(&flag, "idle").unwrap();
-    let mut pod = game_pod(
-        "gs-0",
-        &array(&[file_probe("idle", IDLE, &flag)]),
-        json!([]),
-    );
-    let spec = pod.spec.as_mut().unwrap();
-    spec.node_name = Some(VIRTUAL_NODE_NAME.to_owned());
-    spec.service_account_name = Some(SIDECAR_SA.to_owned());
-    cluster
-        .pods()
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
+    let probes = array(&[file_probe("idle", IDLE, &flag)]);
     // The library "runs" it: the mock provider reports it Running.
-    let running = cluster
-        .wait_pod("gs-0", LIMIT, |p| phase(p) == Some("Running"))
-        .await;
+    let running = run_on_agent(&cluster, &pod_on("gs-0", VIRTUAL_NODE_NAME, &probes)).await;
     let sidecar = cluster.sidecar(&running, &[]).await;
 
     cluster
@@ -115,34 +125,20 @@ async fn conditions_follow_the_probe_on_a_virtual_kubelet_node() {
 async fn under_a_provider_that_replaces_the_status_a_new_result_is_written_back_after_each_overwrite()
  {
     let cluster = RealCluster::start().await;
-    let vk = VirtualKubelet::start_node(&cluster.cp, "vk-replacer", Provider::Replacer)
+    let vk = VirtualKubelet::start_node(&cluster.cp, REPLACER, Provider::Replacer)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let flag = cluster.dir.path().join("idle");
     std::fs::write(&flag, "idle").unwrap();
-    let mut pod = game_pod(
-        "gs-r",
-        &array(&[file_probe("idle", IDLE, &flag)]),
-        json!([]),
-    );
-    let spec = pod.spec.as_mut().unwrap();
-    spec.node_name = Some("vk-replacer".to_owned());
-    spec.service_account_name = Some(SIDECAR_SA.to_owned());
-    cluster
-        .pods()
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
+    let probes = array(&[file_probe("idle", IDLE, &flag)]);
     // The library's first copy of the provider's status: Running.
-    let running = cluster
-        .wait_pod("gs-r", LIMIT, |p| phase(p) == Some("Running"))
-        .await;
+    let running = run_on_agent(&cluster, &pod_on("gs-r", REPLACER, &probes)).await;
     // The default policy (after-change): the first result is new for 30 s, and each
     // overwrite meanwhile is written back at once.
     let mut sidecar = cluster.sidecar(&running, &[]).await;
 
     // What the admin's watch sees of the condition: each time it comes and goes.
-    let shown = presence_changes(&cluster, "gs-r", 6, LIMIT).await;
+    let shown = presence_changes(&cluster, "gs-r", IDLE, 6, LIMIT).await;
     let at = |n: usize| shown[n].0;
     assert_eq!(
         shown
@@ -197,11 +193,63 @@ async fn under_a_provider_that_replaces_the_status_a_new_result_is_written_back_
     sidecar.terminate(Duration::from_secs(5));
 }
 
-/// Times the condition [`IDLE`] appeared (true) or went (false) in a watch of pod `name`, from
-/// its first appearance, until `count` changes.
+/// A write-back carries the pod's other overwritten conditions. Once 30 s have passed since a
+/// steady probe's first result, its own repairs back off (the default policy), but while
+/// another probe of the pod has just changed, that probe's immediate write-backs bring the
+/// steady condition back with them, within the same round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_back_brings_the_pods_other_overwritten_conditions_with_it() {
+    const STEADY: &str = "game.kruise.io/steady";
+    let cluster = RealCluster::start().await;
+    let _vk = VirtualKubelet::start_node(&cluster.cp, REPLACER, Provider::Replacer)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (idle, steady) = (
+        cluster.dir.path().join("idle"),
+        cluster.dir.path().join("up"),
+    );
+    std::fs::write(&idle, "idle").unwrap();
+    std::fs::write(&steady, "up").unwrap();
+    let probes = array(&[
+        file_probe("idle", IDLE, &idle),
+        file_probe("steady", STEADY, &steady),
+    ]);
+    let running = run_on_agent(&cluster, &pod_on("gs-a", REPLACER, &probes)).await;
+    let sidecar = cluster.sidecar(&running, &[]).await;
+    cluster
+        .wait_pod("gs-a", LIMIT, |p| {
+            has_status(p, IDLE, "True") && has_status(p, STEADY, "True")
+        })
+        .await;
+    // Both first results are older than the policy's 30 s window once this wait is over: from
+    // then on, the steady condition's own repairs are backed off (by then 1 s, 2 s … 32 s).
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    std::fs::remove_file(&idle).unwrap();
+    cluster
+        .wait_pod("gs-a", LIMIT, |p| has_status(p, IDLE, "False"))
+        .await;
+    let shown = presence_changes(&cluster, "gs-a", STEADY, 5, LIMIT).await;
+    assert_eq!(
+        shown.iter().map(|(_, p)| *p).collect::<Vec<_>>(),
+        [true, false, true, false, true],
+        "{shown:?}"
+    );
+    for n in [1, 3] {
+        let back = shown[n + 1].0 - shown[n].0;
+        assert!(
+            back < Duration::from_secs(1),
+            "{STEADY} back {back:?} after overwrite {n}: it waited for its own backed-off repair\n{}",
+            sidecar.log()
+        );
+    }
+}
+
+/// Times condition `condition_type` appeared (true) or went (false) in a watch of pod `name`,
+/// from its first appearance, until `count` changes.
 async fn presence_changes(
     cluster: &RealCluster,
     name: &str,
+    condition_type: &str,
     count: usize,
     limit: Duration,
 ) -> Vec<(Instant, bool)> {
@@ -219,7 +267,7 @@ async fn presence_changes(
                 shown.len()
             );
         };
-        let present = condition(&pod, IDLE).is_some();
+        let present = condition(&pod, condition_type).is_some();
         if shown.is_empty() && !present {
             continue;
         }
@@ -313,14 +361,7 @@ async fn kruise_marks_through_the_virtual_kubelet_library() {
         .wait_admission(&pod, annotated)
         .await
         .unwrap_or_else(|e| panic!("Kruise's webhook never annotates: {e}"));
-    cluster
-        .pods()
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    let running = cluster
-        .wait_pod("gs-k", LIMIT, |p| phase(p) == Some("Running"))
-        .await;
+    let running = run_on_agent(&cluster, &pod).await;
     let sidecar = cluster.sidecar(&running, &[]).await;
     let marker = |p: &Pod, value: &str| {
         p.metadata
