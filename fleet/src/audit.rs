@@ -143,11 +143,7 @@ impl Writes {
             let (Some(object), Some(at)) = (&event.object_ref, &event.stage_timestamp) else {
                 continue;
             };
-            let Some(index) = object
-                .name
-                .strip_prefix("fleet-")
-                .and_then(|i| i.parse::<usize>().ok())
-            else {
+            let Some(index) = crate::pods::index_of(&object.name) else {
                 continue;
             };
             if object.resource != "pods" || !(200..300).contains(&event.code()) {

@@ -94,13 +94,7 @@ impl Tracker {
 
     fn observe(&self, pod: &Pod) {
         let now = Timestamp::now();
-        let Some(index) = pod
-            .metadata
-            .name
-            .as_deref()
-            .and_then(|n| n.strip_prefix("fleet-"))
-            .and_then(|i| i.parse::<usize>().ok())
-        else {
+        let Some(index) = pod.metadata.name.as_deref().and_then(crate::pods::index_of) else {
             return;
         };
         let all = pod.status.as_ref().and_then(|s| s.conditions.as_ref());

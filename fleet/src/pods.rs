@@ -37,6 +37,11 @@ pub fn pod_name(i: usize) -> String {
     format!("fleet-{i}")
 }
 
+/// The index of the fleet pod named `name` (`fleet-<i>`).
+pub fn index_of(name: &str) -> Option<usize> {
+    name.strip_prefix("fleet-")?.parse().ok()
+}
+
 /// Pod `i` as its owner creates it: bound to its virtual-kubelet node.
 ///
 /// On a node agent the pod opts out of sidecar injection: its sidecar runs beside the agent as

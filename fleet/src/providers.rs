@@ -135,8 +135,7 @@ impl Seen {
             .metadata
             .name
             .as_deref()
-            .and_then(|n| n.strip_prefix("fleet-"))
-            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(pods::index_of)
             .filter(|i| *i < self.timelines.len())
         else {
             return;
