@@ -4,15 +4,17 @@
 #
 #   hack/build-static.sh --toolchain ARCH   install what building for ARCH needs (Debian, rustup)
 #   hack/build-static.sh ARCH OUT           build into OUT/podprobe and OUT/podprobe-manager
+#   hack/build-static.sh ARCH OUT --plugin  also OUT/kubectl-podprobe (the release's krew archives)
 #
 # ARCH is Docker's TARGETARCH: amd64 or arm64, from either host (Debian's cross gcc compiles
 # ring's C and assembly and links). CARGO_TARGET_DIR is honoured.
 #   podprobe          --profile sidecar --no-default-features (size first: it runs in every pod)
 #   podprobe-manager  --profile manager (release, stripped)
+#   kubectl-podprobe  --profile manager, after the two above (it shares the manager's crates)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { echo "usage: $0 --toolchain ARCH | $0 ARCH OUT   (ARCH: amd64 or arm64)" >&2; exit 2; }
+usage() { echo "usage: $0 --toolchain ARCH | $0 ARCH OUT [--plugin]   (ARCH: amd64 or arm64)" >&2; exit 2; }
 
 host_arch() {
   case "$(uname -m)" in
@@ -45,9 +47,14 @@ if [ "${1:-}" = "--toolchain" ]; then
   exit 0
 fi
 
-[ $# -eq 2 ] || usage
-select_arch "$1"
-out="$2"
+plugin=0
+case "$#:${3:-}" in
+  2:) ;;
+  3:--plugin) plugin=1 ;;
+  *) usage ;;
+esac
+arch="$1" out="$2"
+select_arch "$arch"
 command -v "$cc" >/dev/null || { echo "build-static: $cc not found: run $0 --toolchain $1" >&2; exit 1; }
 if [ "$cc" != musl-gcc ]; then
   # cc-rs and rustc find musl-gcc by themselves; a cross compiler has to be named.
@@ -55,43 +62,74 @@ if [ "$cc" != musl-gcc ]; then
   export "CARGO_TARGET_${env_target}_LINKER=$cc" "CC_${target//-/_}=$cc"
 fi
 
-# Everything the two binaries are built from: the toolchain, compiler and flags, this script,
+# Everything the binaries are built from: the toolchain, compiler and flags, this script,
 # the lock file, every manifest, and the sources of the crates they hold. The target directory
 # keeps that key beside the binaries it was built into (with their hashes, so a build by other
 # means is noticed); the same key skips cargo, which in a fresh clone (new file times) would
 # rebuild both crates and redo their fat LTO, minutes, although nothing changed.
-inputs_key() {
+inputs_key() { # the extra source directories of what is built
   {
     rustc -vV
     echo "$target $cc ${RUSTFLAGS:-} ${CARGO_ENCODED_RUSTFLAGS:-}"
     {
-      find hack/build-static.sh Cargo.lock examples/game-server-pod.yaml src protocol ops manager/src -type f
+      find hack/build-static.sh Cargo.lock examples/game-server-pod.yaml src protocol ops manager/src "$@" -type f
       find . -name Cargo.toml -not -path './target/*' -not -path './.git/*'
     } | LC_ALL=C sort | xargs -r sha256sum
   } | sha256sum | cut -c1-32
 }
 
 target_dir="${CARGO_TARGET_DIR:-target}"
-built=("$target_dir/$target/sidecar/podprobe" "$target_dir/$target/manager/podprobe-manager")
-stamp="$target_dir/$target/podprobe-static.inputs"
 # The key, then the binaries' hashes.
-stamp_of() { echo "$1"; sha256sum "${built[@]}" 2>/dev/null | cut -d' ' -f1; }
-key="$(inputs_key)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_of "$key")" ]; then
-  echo "build-static: the $1 binaries are current (their inputs are unchanged): not running cargo"
-else
-  rm -f "$stamp"
-  # New inputs: the workspace's own crates are rebuilt whatever their file times say. Cargo
-  # trusts times, and a build from another checkout into this target directory (CI's clone,
-  # a second work tree) can be newer than an edit here: cargo kept the old binary and this
-  # script recorded it under the new key, so a test ran stale code.
-  for profile in sidecar manager; do
-    cargo clean --quiet --target "$target" --profile "$profile" \
-      -p podprobe -p podprobe-protocol -p podprobe-ops -p podprobe-manager
-  done
-  cargo build --locked --target "$target" --profile sidecar --no-default-features -p podprobe --bin podprobe
-  cargo build --locked --target "$target" --profile manager -p podprobe-manager --bin podprobe-manager
-  stamp_of "$key" >"$stamp"
-fi
+stamp_of() { # key, binaries...
+  echo "$1"
+  shift
+  sha256sum "$@" 2>/dev/null | cut -d' ' -f1
+}
+
+# Builds unless the stamp says these binaries were built from these inputs: NAME STAMP
+# SOURCES... -- BINARIES... -- CRATES... -- CARGO-BUILD-COMMANDS (one per argument).
+build_if_changed() {
+  local name="$1" stamp="$target_dir/$target/$2" sources=() binaries=() crates=() key command
+  shift 2
+  while [ "$1" != -- ]; do sources+=("$1"); shift; done
+  shift
+  while [ "$1" != -- ]; do binaries+=("$target_dir/$target/$1"); shift; done
+  shift
+  while [ "$1" != -- ]; do crates+=(-p "$1"); shift; done
+  shift
+  key="$(inputs_key "${sources[@]}")"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_of "$key" "${binaries[@]}")" ]; then
+    echo "build-static: the $arch $name binaries are current (their inputs are unchanged): not running cargo"
+  else
+    rm -f "$stamp"
+    # New inputs: the workspace's own crates are rebuilt whatever their file times say. Cargo
+    # trusts times, and a build from another checkout into this target directory (CI's clone,
+    # a second work tree) can be newer than an edit here: cargo kept the old binary and this
+    # script recorded it under the new key, so a test ran stale code.
+    for command in "$@"; do # each command's profile: "--profile NAME ..."
+      command="${command#--profile }"
+      cargo clean --quiet --target "$target" --profile "${command%% *}" "${crates[@]}"
+    done
+    for command in "$@"; do
+      # shellcheck disable=SC2086 # one command's words
+      cargo build --locked --target "$target" $command
+    done
+    stamp_of "$key" "${binaries[@]}" >"$stamp"
+  fi
+  cp "${binaries[@]}" "$out/"
+}
+
 mkdir -p "$out"
-cp "${built[@]}" "$out/"
+build_if_changed images podprobe-static.inputs -- \
+  sidecar/podprobe manager/podprobe-manager -- \
+  podprobe podprobe-protocol podprobe-ops podprobe-manager -- \
+  "--profile sidecar --no-default-features -p podprobe --bin podprobe" \
+  "--profile manager -p podprobe-manager --bin podprobe-manager"
+if [ "$plugin" = 1 ]; then
+  # After the images' build, which rebuilt the crates it shares with the manager when their
+  # sources changed; cleaning only its own (the manager's binary stays current).
+  build_if_changed plugin kubectl-podprobe-static.inputs kubectl-podprobe/src -- \
+    manager/kubectl-podprobe -- \
+    kubectl-podprobe podprobe -- \
+    "--profile manager -p kubectl-podprobe --bin kubectl-podprobe"
+fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A release: both images for linux/amd64 and linux/arm64 as multi-arch manifest lists, and the
-# chart packaged with helm.
+# A release: both images for linux/amd64 and linux/arm64 as multi-arch manifest lists, the
+# chart packaged with helm, and the kubectl plugin for both as krew archives with their manifest.
 #
 #   hack/release.sh                       build; push to $REGISTRY (docker://REGISTRY/NAME:VERSION)
 #   hack/release.sh --no-push             build only (the lists stay in buildah's storage)
@@ -9,7 +9,10 @@
 #   REGISTRY  where the images go (default ghcr.io/podprobe, the chart's default); log in first
 #             with `buildah login REGISTRY`
 #   VERSION   the tag (default: the chart's appVersion, which the chart's image tags follow)
-#   OUT       the chart package and the binaries (default target/dist: not cargo's target/release)
+#   OUT       the chart package, the binaries, and the plugin's release assets (default
+#             target/dist: not cargo's target/release): kubectl-podprobe-linux-ARCH.tar.gz and
+#             podprobe.yaml, krew's manifest (hack/krew-package.sh; URLs under the GitHub release
+#             vVERSION unless KREW_BASE_URL says otherwise), to attach to that release
 #
 # Needs buildah, helm, and what `hack/build-static.sh --toolchain amd64|arm64` installs. The
 # binaries are cross-compiled on this machine with hack/build-static.sh, and the images built
@@ -40,7 +43,7 @@ done
 
 for arch in amd64 arm64; do
   echo "== binaries for $arch (hack/build-static.sh)"
-  hack/build-static.sh "$arch" "$out/$arch/dist"
+  hack/build-static.sh "$arch" "$out/$arch/dist" --plugin
 done
 
 for image in podprobe:sidecar podprobe-manager:manager; do
@@ -62,3 +65,7 @@ done
 
 echo "== chart (helm package)"
 "$helm" package charts/podprobe --destination "$out"
+
+echo "== kubectl plugin: krew archives and manifest (hack/krew-package.sh)"
+hack/krew-package.sh "$version" "$out" \
+  "linux/amd64=$out/amd64/dist/kubectl-podprobe" "linux/arm64=$out/arm64/dist/kubectl-podprobe"

@@ -45,8 +45,9 @@ image_binaries() {
     export CARGO_TARGET_DIR="$root/cargo"
     exec 8>"$root/lock"
     flock 8
-    hack/build-static.sh amd64 "$root/binaries-amd64/dist"
-    hack/build-static.sh arm64 "$root/binaries-arm64/dist"
+    # --plugin: the kubectl plugin besides, which the release test's hack/release.sh builds.
+    hack/build-static.sh amd64 "$root/binaries-amd64/dist" --plugin
+    hack/build-static.sh arm64 "$root/binaries-arm64/dist" --plugin
     cargo build --quiet --locked --target "$native" --profile sidecar -p podprobe-test-gameserver
   )
 }

@@ -1,7 +1,8 @@
 //! `hack/release.sh` as a maintainer runs it, but writing OCI layouts instead of pushing (no
 //! registry here): both images as manifest lists of linux/amd64 and linux/arm64, each image's
-//! binary of its machine, and a chart package whose default image references are the ones
-//! released.
+//! binary of its machine, a chart package whose default image references are the ones
+//! released, and the kubectl plugin's krew archives (each binary of its machine) with a
+//! manifest krew-index's validator accepts.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -164,4 +165,45 @@ fn release_builds_both_images_for_both_architectures_and_the_chart() {
     referenced.dedup();
     released.sort();
     assert_eq!(referenced, released, "the chart's default images");
+
+    plugin_assets(&out, &version);
+}
+
+/// The plugin's release assets: one archive per architecture holding its machine's binary and
+/// the LICENSE, and a manifest naming each archive's sha256, valid for krew-index.
+fn plugin_assets(out: &Path, version: &str) {
+    let manifest = out.join("podprobe.yaml");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+    assert!(
+        text.contains(&format!("version: v{version}")),
+        "the manifest's version: {text}"
+    );
+    for platform in [Platform::Amd64, Platform::Arm64] {
+        let name = format!("kubectl-podprobe-linux-{}.tar.gz", platform.arch());
+        let archive = out.join(&name);
+        let extracted = tempfile::tempdir().unwrap();
+        let binary = layer_file(&archive, "kubectl-podprobe", extracted.path());
+        assert_eq!(elf_machine(&binary), platform.elf_machine(), "{name}");
+        layer_file(&archive, "LICENSE", extracted.path());
+        let sha = Command::new("sha256sum").arg(&archive).output().unwrap();
+        let sha = String::from_utf8(sha.stdout).unwrap();
+        let sha = sha.split_whitespace().next().unwrap();
+        assert!(
+            text.contains(&format!("/v{version}/{name}\n    sha256: {sha}")),
+            "{name} with its sha256 {sha} in the manifest: {text}"
+        );
+    }
+    let checked = Command::new(tools::tool("validate-krew-manifest").unwrap())
+        .arg("-manifest")
+        .arg(&manifest)
+        .arg("-skip-install")
+        .output()
+        .unwrap();
+    assert!(
+        checked.status.success(),
+        "krew-index's validation of {}: {}",
+        manifest.display(),
+        String::from_utf8_lossy(&checked.stderr)
+    );
 }
