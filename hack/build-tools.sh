@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
-# kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager, krew and its manifest validator,
+# kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager (the current release and
+# v1.8.0, the oldest with the serverless protocol), OpenKruise Game's manager, krew and its manifest validator,
 # Prometheus' promtool, the oldest supported kube-apiserver, and the virtual-kubelet library's
 # own node agent with its mock provider, and vk-replacer: a provider built on it that does not notify) from the Go modules pinned in
-# hack/{k8s,k8s-oldest,etcd,helm,kruise,krew,prometheus,virtual-kubelet}, with the ordinary Go toolchain: no
+# hack/{k8s,k8s-oldest,etcd,helm,kruise,kruise-1.8,kruise-game,krew,prometheus,virtual-kubelet}, with the ordinary Go toolchain: no
 # prebuilt download. Prints, as the last line of stdout, the directory holding them.
 # OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of the
-# same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml.
+# same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml
+# (v1.8.0's to ../share/kruise-v1.8.0/kruise.yaml; OpenKruise Game's to
+# ../share/kruise-game/kruise-game.yaml).
 #
 # The binaries go to a cache outside the clone, keyed by a hash of the pinned modules and this
 # script, so a fresh clone of the same commit reuses them and a version bump rebuilds. A second
@@ -20,6 +23,8 @@ cache_root="${PODPROBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-too
 
 key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etcd/go.sum \
   "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/kruise/go.mod "$hack"/kruise/go.sum \
+  "$hack"/kruise-1.8/go.mod "$hack"/kruise-1.8/go.sum \
+  "$hack"/kruise-game/go.mod "$hack"/kruise-game/go.sum \
   "$hack"/krew/go.mod "$hack"/krew/go.sum "$hack"/prometheus/go.mod "$hack"/prometheus/go.sum \
   "$hack"/k8s-oldest/go.mod "$hack"/k8s-oldest/go.sum \
   "$hack"/virtual-kubelet/go.mod "$hack"/virtual-kubelet/go.sum "$hack"/virtual-kubelet/replacer/main.go \
@@ -82,6 +87,8 @@ build k8s-oldest "$(k8s_ldflags "$oldest_version")" "$dest.partial/bin/kube-apis
 build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
 build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
 build kruise "-s -w" "$dest.partial/bin/kruise-manager" github.com/openkruise/kruise
+build kruise-1.8 "-s -w" "$dest.partial/bin/kruise-manager-v1.8.0" github.com/openkruise/kruise
+build kruise-game "-s -w" "$dest.partial/bin/kruise-game-manager" github.com/openkruise/kruise-game
 # krew as it installs itself (kubectl-krew), and the validator krew-index runs on manifests.
 build krew "-s -w" "$dest.partial/bin/kubectl-krew" sigs.k8s.io/krew/cmd/krew
 build krew "-s -w" "$dest.partial/bin/validate-krew-manifest" \
@@ -96,11 +103,17 @@ build virtual-kubelet "-s -w" "$dest.partial/bin/virtual-kubelet" \
 # its status (Ready, Initialized, PodScheduled only) over the pods every 5 s, as azure-aci's does.
 build virtual-kubelet "-s -w" "$dest.partial/bin/vk-replacer" ./replacer
 
-# The module's own install manifests, as `make manifests` + kustomize would deploy them.
-kruise_src="$(cd "$hack/kruise" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' github.com/openkruise/kruise)"
-mkdir -p "$dest.partial/share/kruise"
-"$dest.partial/bin/kubectl" kustomize "$kruise_src/config/default" \
-  >"$dest.partial/share/kruise/kruise.yaml" 2> >(grep -v "is deprecated" >&2)
+# Each module's own install manifests, as `make manifests` + kustomize would deploy them.
+kruise_manifests() { # module dir, module, share dir, file
+  local src
+  src="$(cd "$hack/$1" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' "$2")"
+  mkdir -p "$dest.partial/share/$3"
+  "$dest.partial/bin/kubectl" kustomize "$src/config/default" \
+    >"$dest.partial/share/$3/$4" 2> >(grep -v "is deprecated" >&2)
+}
+kruise_manifests kruise github.com/openkruise/kruise kruise kruise.yaml
+kruise_manifests kruise-1.8 github.com/openkruise/kruise kruise-v1.8.0 kruise.yaml
+kruise_manifests kruise-game github.com/openkruise/kruise-game kruise-game kruise-game.yaml
 
 rm -rf "$dest"
 mv "$dest.partial" "$dest"

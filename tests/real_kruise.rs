@@ -1,7 +1,8 @@
 //! podprobe beside the real OpenKruise: kruise-manager (built from the pinned Go module, with
 //! `EnablePodProbeMarkerOnServerless`) admits the pod and writes `kruise.io/podprobe`, the real
 //! `podprobe run` (a pod-bound token, the sidecar Role) probes and writes the conditions, and
-//! kruise-manager writes the markers. Every assertion is on what Kruise wrote.
+//! kruise-manager writes the markers. Every assertion is on what Kruise wrote. Run with v1.9.1
+//! and with v1.8.0, the first release with the protocol (the compatibility matrix's two).
 
 mod support;
 
@@ -17,6 +18,7 @@ use podprobe::demo::{GamePort, serve_health};
 use serde_json::{Value, json};
 use support::real::{RealCluster, SIDECAR_SA};
 use support::*;
+use testkit::real::KruiseRelease;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const IDLE: &str = "game.kruise.io/idle";
@@ -41,11 +43,12 @@ fn virtual_kubelet_node() -> Node {
 }
 
 /// Three probes, one of each kind: exec (idle: both policies, the deletion cost), tcp (a
-/// `Succeeded` policy only) and http on a named port (both policies, annotations only).
-fn game_ppm(idle_flag: &str, tcp_port: u16) -> DynamicObject {
+/// `Succeeded` policy only) and, with `http`, http on a named port (both policies,
+/// annotations only).
+fn game_ppm(idle_flag: &str, tcp_port: u16, http: bool) -> DynamicObject {
     let script =
         format!("if [ -f {idle_flag} ]; then cat {idle_flag}; else echo busy >&2; exit 1; fi");
-    serde_json::from_value(json!({
+    let mut ppm = json!({
         "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
         "metadata": {"name": "game", "namespace": NS},
         "spec": {
@@ -69,8 +72,11 @@ fn game_ppm(idle_flag: &str, tcp_port: u16) -> DynamicObject {
                      {"state": "Failed", "annotations": {"game.example/healthy": "no"}}]}
             ]
         }
-    }))
-    .unwrap()
+    });
+    if !http {
+        ppm["spec"]["probes"].as_array_mut().unwrap().truncate(2);
+    }
+    serde_json::from_value(ppm).unwrap()
 }
 
 /// The game pod as a user writes it: no podprobe annotation, the sidecar container beside.
@@ -100,12 +106,22 @@ fn has(map: &BTreeMap<String, String>, key: &str, value: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
+    marks_what_podprobe_probes(KruiseRelease::V1_9_1).await;
+}
+
+/// The oldest release with the serverless protocol: the same flow, the same assertions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kruise_1_8_manager_marks_what_the_podprobe_sidecar_probes() {
+    marks_what_podprobe_probes(KruiseRelease::V1_8_0).await;
+}
+
+async fn marks_what_podprobe_probes(release: KruiseRelease) {
     let mut cluster = RealCluster::start().await;
     cluster
         .cp
-        .start_kruise_manager()
+        .start_kruise_release(release)
         .await
-        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+        .unwrap_or_else(|e| panic!("kruise-manager {release:?}: {e}"));
     let admin = cluster.cp.client();
     Api::<Node>::all(admin.clone())
         .create(&PostParams::default(), &virtual_kubelet_node())
@@ -117,9 +133,25 @@ async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
     let healthy = Arc::new(AtomicBool::new(true));
     let http = serve_health(healthy.clone()).await.unwrap();
     let ppms: Api<DynamicObject> = Api::namespaced_with(admin.clone(), NS, &ppm_resource());
+    let flag_path = flag.to_str().unwrap();
+    // v1.8.0's webhook refuses httpGet probes ("current no support http probe"); v1.9 takes
+    // them (docs/kruise-compatibility.md).
+    let with_http = release != KruiseRelease::V1_8_0;
+    if !with_http {
+        let refused = ppms
+            .create(
+                &PostParams::default(),
+                &game_ppm(flag_path, game.addr.port(), true),
+            )
+            .await;
+        assert!(
+            matches!(&refused, Err(kube::Error::Api(e)) if e.message.contains("no support http probe")),
+            "{release:?} refuses an httpGet probe: {refused:?}"
+        );
+    }
     ppms.create(
         &PostParams::default(),
-        &game_ppm(flag.to_str().unwrap(), game.addr.port()),
+        &game_ppm(flag_path, game.addr.port(), with_http),
     )
     .await
     .unwrap_or_else(|e| panic!("Kruise's webhook refused the PodProbeMarker: {e}"));
@@ -156,11 +188,18 @@ async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
         .iter()
         .map(|p| p["podConditionType"].as_str().unwrap())
         .collect();
-    assert_eq!(types, [IDLE, PORT, HEALTHY]);
-    assert_eq!(
-        podprobe[2]["probe"]["httpGet"]["port"], "main-port",
-        "Kruise leaves named ports for the sidecar to resolve"
-    );
+    let probed = if with_http {
+        &[IDLE, PORT, HEALTHY][..]
+    } else {
+        &[IDLE, PORT]
+    };
+    assert_eq!(types, probed);
+    if with_http {
+        assert_eq!(
+            podprobe[2]["probe"]["httpGet"]["port"], "main-port",
+            "Kruise leaves named ports for the sidecar to resolve"
+        );
+    }
     assert!(podprobe.iter().all(|p| p.get("markerPolicy").is_none()));
 
     let pod = cluster
@@ -175,10 +214,10 @@ async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
             has(&l, "gameserver-idle", "true")
                 && has(&a, DELETION_COST, "-10")
                 && has(&l, "port-open", "true")
-                && has(&a, "game.example/healthy", "yes")
+                && (!with_http || has(&a, "game.example/healthy", "yes"))
         })
         .await;
-    for type_ in [IDLE, PORT, HEALTHY] {
+    for &type_ in probed {
         assert!(has_status(&pod, type_, "True"), "{type_} True: {pod:?}");
     }
     // Kruise writes the status at the end of the reconcile that wrote the markers.
@@ -206,10 +245,11 @@ async fn kruise_manager_marks_what_the_podprobe_sidecar_probes() {
             let (l, a) = (labels(p), annotations(p));
             has(&l, "gameserver-idle", "false")
                 && has(&a, DELETION_COST, "10")
-                && has(&a, "game.example/healthy", "no")
+                && (!with_http || has(&a, "game.example/healthy", "no"))
         })
         .await;
-    assert!(has_status(&pod, IDLE, "False") && has_status(&pod, HEALTHY, "False"));
+    assert!(has_status(&pod, IDLE, "False"));
+    assert_eq!(has_status(&pod, HEALTHY, "False"), with_http);
     assert!(
         has(&labels(&pod), "port-open", "true"),
         "Kruise's serverless marking keeps a key whose condition went False"

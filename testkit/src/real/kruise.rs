@@ -52,10 +52,39 @@ pub struct KruiseAddrs {
     pub metrics_port: u16,
 }
 
-/// The rendered install manifests (`hack/build-tools.sh` writes them beside the binaries).
-pub fn manifests_path() -> Result<PathBuf, Error> {
+/// The kruise-manager releases the tests run, each built from its own pinned module with its
+/// own install manifests (`hack/kruise`, `hack/kruise-1.8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KruiseRelease {
+    /// v1.9.1, the newest the module proxy serves here: what the tests run by default.
+    V1_9_1,
+    /// v1.8.0, the first with the serverless PodProbeMarker protocol (v1.8.1 is refused here).
+    V1_8_0,
+}
+
+impl KruiseRelease {
+    /// Its kruise-manager binary in the tools' bin directory.
+    pub fn binary(self) -> &'static str {
+        match self {
+            Self::V1_9_1 => "kruise-manager",
+            Self::V1_8_0 => "kruise-manager-v1.8.0",
+        }
+    }
+
+    /// Its directory under the tools' `share/`.
+    fn share(self) -> &'static str {
+        match self {
+            Self::V1_9_1 => "kruise",
+            Self::V1_8_0 => "kruise-v1.8.0",
+        }
+    }
+}
+
+/// One release's rendered install manifests (`hack/build-tools.sh` writes them beside the
+/// binaries).
+fn manifests_path(release: KruiseRelease) -> Result<PathBuf, Error> {
     let bin = tools::bin_dir()?;
-    let path = bin.join("../share/kruise/kruise.yaml");
+    let path = bin.join(format!("../share/{}/kruise.yaml", release.share()));
     if path.is_file() {
         Ok(path)
     } else {
@@ -71,7 +100,15 @@ impl ControlPlane {
     /// returns once its webhooks are configured and it reports ready. It runs until the
     /// control plane is dropped.
     pub async fn start_kruise_manager(&mut self) -> Result<KruiseAddrs, Error> {
-        self.install_kruise_manifests()?;
+        self.start_kruise_release(KruiseRelease::V1_9_1).await
+    }
+
+    /// [`Self::start_kruise_manager`] with one release's manifests and binary.
+    pub async fn start_kruise_release(
+        &mut self,
+        release: KruiseRelease,
+    ) -> Result<KruiseAddrs, Error> {
+        self.install_kruise_manifests(release)?;
         let token = self
             .service_account_token(KRUISE_NAMESPACE, KRUISE_SERVICE_ACCOUNT)
             .await?;
@@ -102,7 +139,7 @@ impl ControlPlane {
         ];
         let daemon = Daemon::spawn_with_env(
             "kruise-manager",
-            &tools::tool("kruise-manager")?,
+            &tools::tool(release.binary())?,
             &args,
             &env,
             dir.join("kruise-manager.log"),
@@ -122,8 +159,8 @@ impl ControlPlane {
 
     /// Everything of `config/default` but how Kruise itself is deployed, created as the admin
     /// (`create`, not `apply`: the CRDs are larger than apply's annotation may be).
-    fn install_kruise_manifests(&self) -> Result<(), Error> {
-        let text = std::fs::read_to_string(manifests_path()?)?;
+    fn install_kruise_manifests(&self, release: KruiseRelease) -> Result<(), Error> {
+        let text = std::fs::read_to_string(manifests_path(release)?)?;
         let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
             .map_err(|e| Error::Other(format!("Kruise's manifests: {e}")))?;
         let items: Vec<Value> = docs
@@ -139,7 +176,7 @@ impl ControlPlane {
         Ok(())
     }
 
-    fn kubectl_stdin(&self, args: &[&str], input: &[u8]) -> Result<(), Error> {
+    pub(super) fn kubectl_stdin(&self, args: &[&str], input: &[u8]) -> Result<(), Error> {
         use std::io::Write;
         let mut child = self
             .kubectl()?
@@ -203,7 +240,7 @@ impl ControlPlane {
 }
 
 /// `GET http://127.0.0.1:<port><path>` answered 200.
-async fn http_ok(port: u16, path: &str) -> bool {
+pub(super) async fn http_ok(port: u16, path: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
         return false;

@@ -23,6 +23,7 @@
 
 pub mod audit;
 mod kruise;
+pub mod kruise_game;
 pub mod metrics;
 pub mod node;
 mod pki;
@@ -46,8 +47,9 @@ use serde_json::json;
 pub use audit::AuditEvent;
 pub use kruise::{
     KRUISE_FEATURE_GATES, KRUISE_MUTATING_WEBHOOKS, KRUISE_NAMESPACE, KRUISE_SERVICE_ACCOUNT,
-    KruiseAddrs,
+    KruiseAddrs, KruiseRelease,
 };
+pub use kruise_game::KruiseGame;
 pub use node::{Leftovers, Node, NodeNetwork, NodeOptions};
 pub use pki::{CertPair, Pki};
 use process::Daemon;
