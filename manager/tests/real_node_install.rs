@@ -12,8 +12,7 @@ mod on_node;
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,10 +20,11 @@ use kube::Api;
 use kube::api::AttachParams;
 use serde_json::{Value, json};
 use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
-use testkit::real::{ControlPlane, NodeOptions, tools};
+use testkit::real::{ControlPlane, NodeOptions};
 
 use on_node::{
-    SIDECAR, exec, logs, node_for_workloads, pods_of, projected_token, scale_to_zero, wait_for,
+    SIDECAR, chart_default_images, exec, logs, node_for_workloads, pods_of, projected_token,
+    run_as_user, scale_to_zero, wait_for, workspace,
 };
 use support::{annotation, condition_status};
 
@@ -33,10 +33,6 @@ const GAMES: &str = "games";
 const IDLE: &str = "game.kruise.io/idle";
 const HEALTHY: &str = "game.kruise.io/healthy";
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-
-fn workspace() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-}
 
 /// The `sh` blocks under the README's `## Install` heading, in order.
 fn readme_install_blocks() -> Vec<String> {
@@ -57,67 +53,6 @@ fn readme_install_blocks() -> Vec<String> {
                 .to_owned()
         })
         .collect()
-}
-
-/// The chart's default images: the manager's and the injected sidecar's.
-fn chart_default_images() -> (String, String) {
-    let path = cluster::chart_dir().join("values.yaml");
-    let values: Value = serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let manager = format!(
-        "{}:{}",
-        values["image"]["repository"].as_str().unwrap(),
-        values["image"]["tag"].as_str().unwrap()
-    );
-    let sidecar = values["injection"]["config"]["image"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    (manager, sidecar)
-}
-
-/// Runs `script` as a user's shell would from a clone: in the workspace, with the tools built
-/// here first on `PATH` and the cluster's admin kubeconfig; its stdout, or a panic with its
-/// output unless it succeeded.
-fn run_as_user(cp: &ControlPlane, node: &testkit::real::Node, script: &str) -> String {
-    let helm = cp.helm().unwrap();
-    let mut shell = Command::new("bash");
-    shell
-        .args(["-euo", "pipefail", "-c", script])
-        .current_dir(workspace())
-        .stdin(Stdio::null());
-    for (key, value) in helm.get_envs() {
-        if let Some(value) = value {
-            shell.env(key, value);
-        }
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let plugin = testkit::workspace::binary("kubectl-podprobe", "kubectl-podprobe");
-    let mut dirs = vec![
-        tools::bin_dir().unwrap().to_path_buf(),
-        // As `cargo install --path kubectl-podprobe` leaves it: kubectl finds its plugin there.
-        plugin.parent().unwrap().to_path_buf(),
-    ];
-    dirs.extend(std::env::split_paths(&path));
-    shell.env("PATH", std::env::join_paths(dirs).unwrap());
-    let out = shell.output().expect("run bash");
-    if !out.status.success() {
-        let described = cp
-            .kubectl()
-            .unwrap()
-            .args(["describe", "pods", "-n", cluster::RELEASE_NS])
-            .output()
-            .expect("run kubectl");
-        panic!(
-            "the README's install failed ({}):\n{script}\nstdout: {}\nstderr: {}\n{}\nkube-scheduler: {}\nkubelet: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&described.stdout),
-            cp.scheduler_log_tail(30),
-            node.kubelet_log_tail(30)
-        );
-    }
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The documents of `examples/recipes/<name>`, each Deployment's placeholder image replaced

@@ -424,3 +424,70 @@ pub fn projected_token(node: &Node, pod: &Pod) -> String {
         .unwrap_or_else(|| panic!("no kube-api-access volume in {}", volumes.display()));
     std::fs::read_to_string(volume.path().join("token")).unwrap()
 }
+
+/// The workspace: where a user runs the README's and the recipes' commands from.
+pub fn workspace() -> &'static std::path::Path {
+    std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The chart's default images: the manager's and the injected sidecar's.
+pub fn chart_default_images() -> (String, String) {
+    let path = super::cluster::chart_dir().join("values.yaml");
+    let values: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let manager = format!(
+        "{}:{}",
+        values["image"]["repository"].as_str().unwrap(),
+        values["image"]["tag"].as_str().unwrap()
+    );
+    let sidecar = values["injection"]["config"]["image"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (manager, sidecar)
+}
+
+/// Runs `script` as a user's shell would from a clone: in the workspace, with the tools built
+/// here first on `PATH` and the cluster's admin kubeconfig; its stdout, or a panic with its
+/// output unless it succeeded.
+pub fn run_as_user(cp: &ControlPlane, node: &testkit::real::Node, script: &str) -> String {
+    let helm = cp.helm().unwrap();
+    let mut shell = std::process::Command::new("bash");
+    shell
+        .args(["-euo", "pipefail", "-c", script])
+        .current_dir(workspace())
+        .stdin(std::process::Stdio::null());
+    for (key, value) in helm.get_envs() {
+        if let Some(value) = value {
+            shell.env(key, value);
+        }
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let plugin = testkit::workspace::binary("kubectl-podprobe", "kubectl-podprobe");
+    let mut dirs = vec![
+        testkit::real::tools::bin_dir().unwrap().to_path_buf(),
+        // As `cargo install --path kubectl-podprobe` leaves it: kubectl finds its plugin there.
+        plugin.parent().unwrap().to_path_buf(),
+    ];
+    dirs.extend(std::env::split_paths(&path));
+    shell.env("PATH", std::env::join_paths(dirs).unwrap());
+    let out = shell.output().expect("run bash");
+    if !out.status.success() {
+        let described = cp
+            .kubectl()
+            .unwrap()
+            .args(["describe", "pods", "-n", super::cluster::RELEASE_NS])
+            .output()
+            .expect("run kubectl");
+        panic!(
+            "the user's commands failed ({}):\n{script}\nstdout: {}\nstderr: {}\n{}\nkube-scheduler: {}\nkubelet: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&described.stdout),
+            cp.scheduler_log_tail(30),
+            node.kubelet_log_tail(30)
+        );
+    }
+    String::from_utf8(out.stdout).unwrap()
+}

@@ -71,7 +71,6 @@ impl KruiseGame {
             format!("--webhook-port={webhook_port}"),
             format!("--webhook-server-certs-dir={}", dir.join("certs").display()),
             format!("--provider-config={}", provider_config.display()),
-            "--v=2".to_owned(),
         ];
         let env = [("KUBECONFIG", kubeconfig.display().to_string())];
         let daemon = Daemon::spawn_with_env(

@@ -1,0 +1,314 @@
+//! OpenKruise Game on a serverless node, podprobe running its service qualities: on a real
+//! kubelet node labelled `type=virtual-kubelet` (Kruise's serverless path: no kruise-daemon
+//! probes there), kruise-manager with `EnablePodProbeMarkerOnServerless` and OpenKruise Game's
+//! manager (both built from their pinned modules, installed from their own manifests), and
+//! podprobe's chart installed in companion mode by the recipe's own commands, with the chart's
+//! defaults. The recipe `examples/recipes/okg-serverless.yaml` is applied as committed but for
+//! its placeholder image: the GameServerSet's serviceQualities become OKG's PodProbeMarker,
+//! Kruise's webhook writes the probes into each pod, the injected sidecar runs them in the
+//! game container, and OKG turns the conditions into each GameServer's opsState; scale-in then
+//! removes the idle server, not the highest ordinal.
+
+mod cluster;
+mod installed;
+mod on_node;
+mod support;
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
+use testkit::real::{ControlPlane, KruiseGame, NodeOptions};
+
+use on_node::{chart_default_images, exec, node_for_workloads, run_as_user, workspace};
+use support::condition_status;
+
+const GAMES: &str = "games";
+const SET: &str = "arena";
+const RECIPE: &str = "examples/recipes/okg-serverless.yaml";
+const IDLE: &str = "game.kruise.io/idle";
+const HEALTHY: &str = "game.kruise.io/healthy";
+const LIMIT: Duration = Duration::from_secs(90);
+
+fn game_resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("game.kruise.io", "v1alpha1", kind))
+}
+
+/// The recipe's install commands: its comment lines indented as commands, but the
+/// `kubectl apply` of the recipe itself (applied with the test's image instead).
+fn recipe_install_commands() -> String {
+    let text = std::fs::read_to_string(workspace().join(RECIPE)).unwrap();
+    let commands: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .filter(|l| !l.starts_with("kubectl apply"))
+        .collect();
+    assert!(
+        commands.iter().any(|c| c.starts_with("helm install")),
+        "the recipe says how to install podprobe: {commands:?}"
+    );
+    commands.join("\n")
+}
+
+/// The recipe's GameServerSet, its placeholder image replaced by the test game server (which
+/// answers `/idle.sh` and `/healthz` as the recipe expects), imported on the node, not pulled:
+/// there is no registry (Kruise's Advanced StatefulSet defaults the pull policy to `Always`).
+fn recipe_game_server_set() -> Value {
+    let text = std::fs::read_to_string(workspace().join(RECIPE)).unwrap();
+    let mut docs = cluster::documents(&text);
+    assert_eq!(docs.len(), 1, "one GameServerSet");
+    let mut set = docs.remove(0);
+    assert_eq!(set["kind"], "GameServerSet");
+    let container = &mut set["spec"]["gameServerTemplate"]["spec"]["containers"][0];
+    container["image"] = json!(GAMESERVER_IMAGE);
+    container["imagePullPolicy"] = json!("IfNotPresent");
+    set
+}
+
+fn kubectl_apply(cp: &ControlPlane, doc: &Value) {
+    let mut child = cp
+        .kubectl()
+        .unwrap()
+        .args(["apply", "-n", GAMES, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    serde_json::to_writer(child.stdin.take().unwrap(), doc).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A GameServer's `spec.opsState` and its service quality `name`'s status as OKG recorded it.
+fn ops_state(server: &DynamicObject) -> &str {
+    server.data["spec"]["opsState"].as_str().unwrap_or("")
+}
+
+fn quality_status<'a>(server: &'a DynamicObject, name: &str) -> &'a str {
+    server.data["status"]["serviceQualitiesConditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == name)
+        .and_then(|c| c["status"].as_str())
+        .unwrap_or("")
+}
+
+/// Polls GameServer `name` until `check` holds; panics with its spec and status otherwise.
+async fn wait_server(
+    servers: &Api<DynamicObject>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&DynamicObject) -> bool,
+) -> DynamicObject {
+    let wait = async {
+        loop {
+            if let Some(server) = servers.get_opt(name).await.unwrap()
+                && check(&server)
+            {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    match tokio::time::timeout(LIMIT, wait).await {
+        Ok(server) => server,
+        Err(_) => {
+            let server = servers.get_opt(name).await.unwrap();
+            panic!(
+                "GameServer {name}: {what} not reached within {LIMIT:?}: {:?}",
+                server.map(|s| s.data)
+            );
+        }
+    }
+}
+
+/// The GameServerSet's pods not being deleted, by name.
+async fn live_pods(pods: &Api<Pod>) -> Vec<String> {
+    let selector = ListParams::default().labels(&format!("game.kruise.io/owner-gss={SET}"));
+    let mut names: Vec<String> = pods
+        .list(&selector)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+async fn scale(sets: &Api<DynamicObject>, pods: &Api<Pod>, replicas: usize, left: &[&str]) {
+    sets.patch(
+        SET,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"replicas": replicas}})),
+    )
+    .await
+    .unwrap();
+    let wait = async {
+        while live_pods(pods).await != left {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    if tokio::time::timeout(LIMIT, wait).await.is_err() {
+        panic!(
+            "scaled to {replicas}: {:?} left, expected {left:?}",
+            live_pods(pods).await
+        );
+    }
+}
+
+/// What the controllers did, for a failure message: the objects of the game's namespace and
+/// the two Kruise managers' last log lines.
+fn diagnosis(cp: &ControlPlane, okg: &KruiseGame) -> String {
+    let objects = cp
+        .kubectl()
+        .unwrap()
+        .args(["get", "-n", GAMES, "-o", "yaml"])
+        .arg("gameserversets,gameservers,podprobemarkers,statefulsets.apps.kruise.io,pods,events")
+        .output()
+        .expect("run kubectl");
+    format!(
+        "{}\n{}\nkruise-game:\n{}\nkruise-manager:\n{}",
+        String::from_utf8_lossy(&objects.stdout),
+        String::from_utf8_lossy(&objects.stderr),
+        okg.log_tail(40),
+        cp.kruise_log_tail(40)
+    )
+}
+
+/// Waits until the GameServerSet's pods are `names`.
+async fn wait_pods(cp: &ControlPlane, okg: &KruiseGame, pods: &Api<Pod>, names: &[&str]) {
+    let wait = async {
+        while live_pods(pods).await != names {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    };
+    if tokio::time::timeout(LIMIT, wait).await.is_err() {
+        panic!(
+            "the GameServerSet's pods: {:?}, expected {names:?}\n{}",
+            live_pods(pods).await,
+            diagnosis(cp, okg)
+        );
+    }
+}
+
+/// Waits until `check` holds for pod `name`; panics with the [`diagnosis`] otherwise.
+async fn wait_pod(
+    cp: &ControlPlane,
+    okg: &KruiseGame,
+    pods: &Api<Pod>,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Pod) -> bool,
+) -> Pod {
+    match support::watch_until(pods, name, LIMIT, check).await {
+        Some(pod) => pod,
+        None => panic!(
+            "{name}: {what} not reached within {LIMIT:?}\n{}",
+            diagnosis(cp, okg)
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle_server() {
+    let options = NodeOptions {
+        labels: BTreeMap::from([("type".to_owned(), "virtual-kubelet".to_owned())]),
+        ..NodeOptions::default()
+    };
+    let (mut cp, node) = node_for_workloads(options).await;
+    cp.start_kruise_manager()
+        .await
+        .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    let okg = KruiseGame::start(&cp, node.network().host_ip())
+        .await
+        .unwrap_or_else(|e| panic!("kruise-game: {e}"));
+    let (manager_image, sidecar_image) = chart_default_images();
+    node.tag_image(MANAGER_IMAGE, &manager_image).unwrap();
+    node.tag_image(SIDECAR_IMAGE, &sidecar_image).unwrap();
+    run_as_user(&cp, &node, &recipe_install_commands());
+    kubectl_apply(&cp, &recipe_game_server_set());
+
+    let pods: Api<Pod> = Api::namespaced(cp.client(), GAMES);
+    let servers: Api<DynamicObject> =
+        Api::namespaced_with(cp.client(), GAMES, &game_resource("GameServer"));
+    let sets: Api<DynamicObject> =
+        Api::namespaced_with(cp.client(), GAMES, &game_resource("GameServerSet"));
+    let names = ["arena-0", "arena-1", "arena-2"];
+    wait_pods(&cp, &okg, &pods, &names).await;
+
+    // No player anywhere: every server idle (podprobe's condition), so WaitToBeDeleted (OKG).
+    for name in names {
+        let pod = wait_pod(&cp, &okg, &pods, name, "idle and healthy", |p| {
+            condition_status(p, IDLE).as_deref() == Some("True")
+                && condition_status(p, HEALTHY).as_deref() == Some("True")
+        })
+        .await;
+        let annotated = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kruise.io/podprobe"))
+            .unwrap_or_else(|| panic!("{name}: Kruise's webhook wrote no probes"));
+        assert!(
+            annotated.contains(IDLE) && annotated.contains(HEALTHY),
+            "{annotated}"
+        );
+        wait_server(&servers, name, "WaitToBeDeleted, idle True", |s| {
+            ops_state(s) == "WaitToBeDeleted" && quality_status(s, "idle") == "True"
+        })
+        .await;
+    }
+
+    // Players join arena-1 and arena-2: busy, so None.
+    for name in ["arena-1", "arena-2"] {
+        exec(&pods, name, "arena", "touch /var/run/game/players").await;
+    }
+    for name in ["arena-1", "arena-2"] {
+        wait_server(&servers, name, "None, idle False", |s| {
+            ops_state(s) == "None" && quality_status(s, "idle") == "False"
+        })
+        .await;
+    }
+
+    // arena-2's health check fails: Maintaining. When it passes again OKG records it; the
+    // recipe leaves the server in Maintaining (no action on healthy=true: see the recipe).
+    exec(&pods, "arena-2", "arena", "touch /var/run/game/unhealthy").await;
+    wait_server(&servers, "arena-2", "Maintaining, healthy False", |s| {
+        ops_state(s) == "Maintaining" && quality_status(s, "healthy") == "False"
+    })
+    .await;
+    exec(&pods, "arena-2", "arena", "rm /var/run/game/unhealthy").await;
+    let server = wait_server(&servers, "arena-2", "healthy True", |s| {
+        quality_status(s, "healthy") == "True"
+    })
+    .await;
+    assert_eq!(ops_state(&server), "Maintaining");
+    let idle = servers.get("arena-0").await.unwrap();
+    assert_eq!(ops_state(&idle), "WaitToBeDeleted", "arena-0 is still idle");
+
+    // Scale-in: the idle server goes first (without its opsState the highest ordinal would),
+    // then the busy one before the one in maintenance.
+    scale(&sets, &pods, 2, &["arena-1", "arena-2"]).await;
+    scale(&sets, &pods, 1, &["arena-2"]).await;
+
+    // kruise-game stays up until the node has stopped: its pod webhook (failurePolicy Fail)
+    // also admits the kubelet's final deletion of the terminating pods.
+    scale(&sets, &pods, 0, &[]).await;
+    let leftovers = node.stop(&cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    drop(okg);
+}
