@@ -7,7 +7,8 @@
 //! - `podprobe.test/pause:3.10`: Kubernetes' own `pause.c` from the pinned module, static.
 //! - `podprobe.test/gameserver:dev`: busybox (for exec probes), the idle recipe's `/idle.sh`
 //!   and the test game server (TCP 7777, HTTP 8080, gRPC 9090), running as root like many
-//!   game server images.
+//!   game server images; for OpenKruise's ported e2e also `/probe.sh` (minecraft-demo's) and
+//!   `/www/index.html` with busybox `httpd` (nginx's stand-in).
 //!
 //! The last two come from `testkit/node-images.Dockerfile`, built the same way. Everything
 //! lives under `podprobe-node-images` in the target directory (a cargo target directory of its
@@ -31,9 +32,9 @@ pub const MANAGER_IMAGE: &str = "podprobe.test/podprobe-manager:dev";
 pub const GAMESERVER_IMAGE: &str = "podprobe.test/gameserver:dev";
 
 /// busybox applets the game server image links (exec probes and tests use them).
-const APPLETS: [&str; 14] = [
+const APPLETS: [&str; 15] = [
     "sh", "cat", "test", "[", "touch", "rm", "sleep", "kill", "ls", "echo", "ps", "pidof", "id",
-    "env",
+    "env", "httpd",
 ];
 
 /// One image: its reference and its OCI archive.
@@ -165,6 +166,18 @@ fn compile_pause(root: &Path) -> Result<PathBuf, Error> {
 const IDLE_SCRIPT: &str =
     "#!/bin/sh\nif [ -e /var/run/game/players ]; then echo busy; exit 1; fi\necho idle\n";
 
+/// What OpenKruise's PodProbeMarker e2e expects of `openkruise/minecraft-demo:probe-v0`'s
+/// `./probe.sh` (its source is not published; its outputs are the spec's): it fails while the
+/// server is young, then succeeds printing `data`, then `gate`. The age is the container's
+/// first process's, from `/proc` (clock ticks of 1/100 s, as on every Linux this runs on).
+const MINECRAFT_PROBE_SCRIPT: &str = "#!/bin/sh
+read up _ < /proc/uptime
+set -- $(cat /proc/1/stat)
+age=$(( ${up%.*} - ${22} / 100 ))
+if [ \"$age\" -lt 8 ]; then echo false; exit 1; fi
+if [ \"$age\" -lt 18 ]; then echo data; else echo gate; fi
+";
+
 /// One entry of a build context directory.
 #[derive(Clone, Copy)]
 enum Entry<'a> {
@@ -172,6 +185,8 @@ enum Entry<'a> {
     Copy(&'a Path),
     /// An executable file with this text.
     Script(&'a str),
+    /// A plain file with this text.
+    File(&'a str),
     Symlink(&'a str),
     Dir(u32),
 }
@@ -182,6 +197,12 @@ fn gameserver_entries<'a>(binary: &'a Path, busybox: &'a Path) -> Vec<(String, E
         ("usr/local/bin/gameserver".to_owned(), Entry::Copy(binary)),
         ("bin/busybox".to_owned(), Entry::Copy(busybox)),
         ("idle.sh".to_owned(), Entry::Script(IDLE_SCRIPT)),
+        ("probe.sh".to_owned(), Entry::Script(MINECRAFT_PROBE_SCRIPT)),
+        // nginx's stand-in (`httpd -f -p 80 -h /www`) serves this as `/`.
+        (
+            "www/index.html".to_owned(),
+            Entry::File("podprobe test page\n"),
+        ),
         ("var/run/game".to_owned(), Entry::Dir(0o755)),
         ("tmp".to_owned(), Entry::Dir(0o1777)),
     ];
@@ -211,6 +232,7 @@ fn lay_out<P: AsRef<str>>(dir: &Path, entries: &[(P, Entry)]) -> Result<(), Erro
                     std::os::unix::fs::PermissionsExt::from_mode(0o755),
                 )?;
             }
+            Entry::File(text) => std::fs::write(&dest, text)?,
             Entry::Symlink(target) => std::os::unix::fs::symlink(target, &dest)?,
             Entry::Dir(mode) => {
                 std::fs::create_dir_all(&dest)?;
