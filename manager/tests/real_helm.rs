@@ -56,6 +56,9 @@ async fn lint_and_template_in_both_modes() {
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pod-status",
         "ValidatingAdmissionPolicy/podprobe-sidecar-pods-exec",
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pods-exec",
+        // The install check, in each mode through that mode's webhook.
+        "Job/podprobe-install-check",
+        "Role/podprobe-install-check",
     ] {
         assert!(
             standalone.iter().any(|k| k == expected),
@@ -66,13 +69,10 @@ async fn lint_and_template_in_both_modes() {
             "companion lacks {expected}: {companion:?}"
         );
     }
-    // Standalone owns PodProbeMarkers: their validating webhook, the controllers' Lease, and
-    // the install check (a dry-run PodProbeMarker through that webhook).
+    // Standalone owns PodProbeMarkers: their validating webhook and the controllers' Lease.
     for standalone_only in [
         "ValidatingWebhookConfiguration/podprobe-manager",
         "Role/podprobe-manager-leader-election",
-        "Job/podprobe-install-check",
-        "Role/podprobe-install-check",
     ] {
         assert!(
             standalone.iter().any(|k| k == standalone_only),
@@ -300,6 +300,30 @@ async fn installs_into_a_real_apiserver_as_companion_with_skip_crds() {
     assert!(
         !objects.contains("podprobe-manager-leader-election"),
         "{objects}"
+    );
+
+    // The install check in companion mode goes through the pod webhook's install-check entry
+    // (failurePolicy Fail, so no manager behind the Service is a refusal, where the injection
+    // entry would admit the pod without a sidecar); it keeps asking, then fails saying so.
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_podprobe-manager"))
+        .args([
+            "check-webhooks",
+            "--mode",
+            "companion",
+            "--namespace",
+            RELEASE_NS,
+        ])
+        .args(["--service-account", "podprobe-manager"])
+        .args(["--timeout", "3s", "--interval", "500ms"])
+        .env("KUBECONFIG", cp.admin_kubeconfig())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert_eq!(check.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("failed calling webhook \"install-check.podprobe.io\"")
+            && stderr.contains("did not reach the pod webhook within 3s"),
+        "{stderr}"
     );
 }
 
