@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
-# kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager (the current release and
+# kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager and kruise-daemon (the current release and
 # v1.8.0, the oldest with the serverless protocol), OpenKruise Game's manager, krew and its manifest validator,
 # Prometheus' promtool, the oldest supported kube-apiserver, and the virtual-kubelet library's
 # own node agent with its mock provider, and vk-replacer: a provider built on it that does not notify) from the Go modules pinned in
@@ -87,6 +87,8 @@ build k8s-oldest "$(k8s_ldflags "$oldest_version")" "$dest.partial/bin/kube-apis
 build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
 build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
 build kruise "-s -w" "$dest.partial/bin/kruise-manager" github.com/openkruise/kruise
+# kruise-daemon: PodProbeMarker probes on ordinary nodes (CRI ExecSync), for the side-by-side tests.
+build kruise "-s -w" "$dest.partial/bin/kruise-daemon" github.com/openkruise/kruise/cmd/daemon
 build kruise-1.8 "-s -w" "$dest.partial/bin/kruise-manager-v1.8.0" github.com/openkruise/kruise
 build kruise-game "-s -w" "$dest.partial/bin/kruise-game-manager" github.com/openkruise/kruise-game
 # krew as it installs itself (kubectl-krew), and the validator krew-index runs on manifests.

@@ -2,7 +2,10 @@ module podprobe.dev/hack/kruise
 
 go 1.26.0
 
-tool github.com/openkruise/kruise
+tool (
+	github.com/openkruise/kruise
+	github.com/openkruise/kruise/cmd/daemon
+)
 
 require (
 	cel.dev/expr v0.18.0 // indirect
@@ -112,7 +115,9 @@ require (
 	k8s.io/controller-manager v0.32.10 // indirect
 	k8s.io/cri-api v0.32.10 // indirect
 	k8s.io/cri-client v0.32.10 // indirect
+	k8s.io/csi-translation-lib v0.32.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.32.0 // indirect
+	k8s.io/gengo v0.0.0-20230829151522-9cce18d56c01 // indirect
 	k8s.io/klog/v2 v2.130.1 // indirect
 	k8s.io/kms v0.32.10 // indirect
 	k8s.io/kube-openapi v0.0.0-20241105132330-32ad38e42d3f // indirect

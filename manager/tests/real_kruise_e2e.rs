@@ -87,11 +87,31 @@ impl<'a> Spec<'a> {
             .arg("podprobemarkers,statefulsets.apps.kruise.io,pods")
             .output()
             .expect("run kubectl");
+        let manager = self
+            .cp
+            .kubectl()
+            .unwrap()
+            .args([
+                "logs",
+                "-n",
+                "podprobe-system",
+                "deploy/podprobe-manager",
+                "--tail=30",
+            ])
+            .output()
+            .expect("run kubectl");
+        let apiserver = self.cp.apiserver_log_tail(400);
+        let webhook_calls: Vec<&str> = apiserver
+            .lines()
+            .filter(|l| l.contains("webhook"))
+            .collect();
         panic!(
-            "[{}] {what}\n{}\nkruise-manager:\n{}\nkubelet:\n{}",
+            "[{}] {what}\n{}\nkruise-manager:\n{}\npodprobe-manager:\n{}\nthe apiserver on webhooks:\n{}\nkubelet:\n{}",
             self.ns,
             String::from_utf8_lossy(&objects.stdout),
             self.cp.kruise_log_tail(30),
+            String::from_utf8_lossy(&manager.stdout),
+            webhook_calls.join("\n"),
             self.node.kubelet_log_tail(20)
         );
     }
@@ -467,8 +487,11 @@ async fn exec_spec(spec: &Spec<'_>) {
     spec.set_handler("ppm-nginx", exec("ls /")).await;
     spec.scale(1).await;
     spec.recreate_pods().await;
-    spec.wait_pods("nginx=healthy again", |p| label(p, "nginx") == "healthy")
-        .await;
+    // Both probes' markers: each PodProbeMarker is reconciled on its own.
+    spec.wait_pods("nginx=healthy again, deletion cost -10", |p| {
+        label(p, "nginx") == "healthy" && annotation(p, DELETION_COST) == "-10"
+    })
+    .await;
     let pods = spec.active_pods().await;
     assert_eq!(pods.len(), 1);
     for pod in &pods {

@@ -241,11 +241,20 @@ impl ControlPlane {
 
 /// `GET http://127.0.0.1:<port><path>` answered 200.
 pub(super) async fn http_ok(port: u16, path: &str) -> bool {
+    http_ok_at(
+        std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port),
+        path,
+    )
+    .await
+}
+
+/// `GET http://<addr><path>` answered 200.
+pub(super) async fn http_ok_at(addr: std::net::SocketAddrV4, path: &str) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
         return false;
     };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     if stream.write_all(request.as_bytes()).await.is_err() {
         return false;
     }

@@ -90,8 +90,10 @@ impl KruiseGame {
         self.daemon.log_tail(lines)
     }
 
-    /// Ready = its mutating webhook configuration names its Service with a CA bundle, and its
-    /// `/readyz` answers 200.
+    /// Ready = its mutating webhook configuration names its Service with a CA bundle, its
+    /// `/readyz` answers 200, and its Service is routed: a connection to the Service's address
+    /// reaches it (kube-proxy programs a new Service within seconds, more on a loaded machine;
+    /// until then the apiserver's calls time out).
     async fn wait_ready(&mut self, cp: &ControlPlane, health_port: u16) -> Result<(), Error> {
         let started = Instant::now();
         let configs: Api<MutatingWebhookConfiguration> = Api::all(cp.client());
@@ -117,7 +119,7 @@ impl KruiseGame {
                                 && w.client_config.ca_bundle.is_some()
                         })
                 });
-            if configured && http_ok(health_port, "/readyz").await {
+            if configured && http_ok(health_port, "/readyz").await && service_routed(cp).await {
                 return Ok(());
             }
             if started.elapsed() > READY_LIMIT {
@@ -129,6 +131,27 @@ impl KruiseGame {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// A TCP connection to the webhook Service's cluster address and port opens.
+async fn service_routed(cp: &ControlPlane) -> bool {
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(cp.client(), KRUISE_GAME_NAMESPACE);
+    let Ok(service) = services.get(WEBHOOK_SERVICE).await else {
+        return false;
+    };
+    let spec = service.spec.unwrap_or_default();
+    let (Some(ip), Some(port)) = (
+        spec.cluster_ip,
+        spec.ports.and_then(|p| p.first().map(|p| p.port)),
+    ) else {
+        return false;
+    };
+    let connect = tokio::net::TcpStream::connect(format!("{ip}:{port}"));
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), connect).await,
+        Ok(Ok(_))
+    )
 }
 
 /// The rendered install manifests (`hack/build-tools.sh` writes them beside the binaries).

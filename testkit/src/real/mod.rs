@@ -50,7 +50,7 @@ pub use kruise::{
     KruiseAddrs, KruiseRelease,
 };
 pub use kruise_game::KruiseGame;
-pub use node::{Leftovers, Node, NodeNetwork, NodeOptions};
+pub use node::{KruiseDaemon, Leftovers, Node, NodeNetwork, NodeOptions};
 pub use pki::{CertPair, Pki};
 use process::Daemon;
 

@@ -20,6 +20,7 @@
 mod cleanup;
 mod config;
 pub mod images;
+mod kruise_daemon;
 mod network;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ use serde_json::json;
 
 pub use cleanup::Leftovers;
 pub use config::{KUBELET_PORT, POD_SUBNET};
+pub use kruise_daemon::KruiseDaemon;
 pub use network::NodeNetwork;
 
 use super::process::Daemon;
