@@ -170,12 +170,14 @@ const IDLE_SCRIPT: &str =
 /// `./probe.sh` (its source is not published; its outputs are the spec's): it fails while the
 /// server is young, then succeeds printing `data`, then `gate`. The age is the container's
 /// first process's, from `/proc` (clock ticks of 1/100 s, as on every Linux this runs on).
+/// 12 s and 26 s fit the spec's windows (`False` within 10 s of the pods running, then each
+/// answer within 20 s of the last) with room for a slow first probe on a loaded machine.
 const MINECRAFT_PROBE_SCRIPT: &str = "#!/bin/sh
 read up _ < /proc/uptime
 set -- $(cat /proc/1/stat)
 age=$(( ${up%.*} - ${22} / 100 ))
-if [ \"$age\" -lt 8 ]; then echo false; exit 1; fi
-if [ \"$age\" -lt 18 ]; then echo data; else echo gate; fi
+if [ \"$age\" -lt 12 ]; then echo false; exit 1; fi
+if [ \"$age\" -lt 26 ]; then echo data; else echo gate; fi
 ";
 
 /// One entry of a build context directory.
