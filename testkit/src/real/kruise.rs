@@ -80,11 +80,10 @@ impl KruiseRelease {
     }
 }
 
-/// One release's rendered install manifests (`hack/build-tools.sh` writes them beside the
-/// binaries).
-fn manifests_path(release: KruiseRelease) -> Result<PathBuf, Error> {
-    let bin = tools::bin_dir()?;
-    let path = bin.join(format!("../share/{}/kruise.yaml", release.share()));
+/// A module's rendered install manifests, `share/<dir>/<file>` beside the tools' binaries
+/// (`hack/build-tools.sh` writes them).
+pub(super) fn rendered_manifests(dir: &str, file: &str) -> Result<PathBuf, Error> {
+    let path = tools::bin_dir()?.join(format!("../share/{dir}/{file}"));
     if path.is_file() {
         Ok(path)
     } else {
@@ -157,15 +156,29 @@ impl ControlPlane {
             .unwrap_or_default()
     }
 
-    /// Everything of `config/default` but how Kruise itself is deployed, created as the admin
-    /// (`create`, not `apply`: the CRDs are larger than apply's annotation may be).
+    /// Everything of `config/default` but how Kruise itself is deployed.
     fn install_kruise_manifests(&self, release: KruiseRelease) -> Result<(), Error> {
-        let text = std::fs::read_to_string(manifests_path(release)?)?;
+        let path = rendered_manifests(release.share(), "kruise.yaml")?;
+        self.install_manifests(&path, &NOT_INSTALLED, |d| d)
+    }
+
+    /// Creates the documents of the manifests file `path` as the admin (`create`, not `apply`:
+    /// CRDs are larger than apply's annotation may be), but those of the kinds in `skip` (how a
+    /// project deploys itself: here the test starts the process), each passed through
+    /// `adjust`; returns once every CRD is established.
+    pub(super) fn install_manifests(
+        &self,
+        path: &std::path::Path,
+        skip: &[&str],
+        adjust: impl FnMut(Value) -> Value,
+    ) -> Result<(), Error> {
+        let text = std::fs::read_to_string(path)?;
         let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-            .map_err(|e| Error::Other(format!("Kruise's manifests: {e}")))?;
+            .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
         let items: Vec<Value> = docs
             .into_iter()
-            .filter(|d| !NOT_INSTALLED.contains(&d["kind"].as_str().unwrap_or_default()))
+            .filter(|d| !skip.contains(&d["kind"].as_str().unwrap_or_default()))
+            .map(adjust)
             .collect();
         let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
         self.kubectl_stdin(&["create", "-f", "-"], &serde_json::to_vec(&list)?)?;

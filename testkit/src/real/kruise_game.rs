@@ -11,7 +11,6 @@
 //! them back to this process). Unlike kruise-manager it has no local-development URL mode.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -20,7 +19,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::{Value, json};
 
-use super::kruise::http_ok;
+use super::kruise::{http_ok, rendered_manifests};
 use super::process::Daemon;
 use super::{ControlPlane, Error, free_port, tools};
 
@@ -154,44 +153,18 @@ async fn service_routed(cp: &ControlPlane) -> bool {
     )
 }
 
-/// The rendered install manifests (`hack/build-tools.sh` writes them beside the binaries).
-fn manifests_path() -> Result<PathBuf, Error> {
-    let path = tools::bin_dir()?.join("../share/kruise-game/kruise-game.yaml");
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(Error::Tools(format!(
-            "{} is missing: run hack/build-tools.sh",
-            path.display()
-        )))
-    }
-}
-
-/// Everything of `config/default` but how kruise-game itself is deployed, created as the
-/// admin; the webhook Service without its selector (no pod backs it here).
+/// Everything of `config/default` but how kruise-game itself is deployed; the webhook
+/// Service without its selector (no pod backs it here).
 fn install(cp: &ControlPlane) -> Result<(), Error> {
-    let text = std::fs::read_to_string(manifests_path()?)?;
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
-        .map_err(|e| Error::Other(format!("kruise-game's manifests: {e}")))?;
-    let items: Vec<Value> = docs
-        .into_iter()
-        .filter(|d| !NOT_INSTALLED.contains(&d["kind"].as_str().unwrap_or_default()))
-        .map(|mut d| {
-            if d["kind"] == "Service" && d["metadata"]["name"] == WEBHOOK_SERVICE {
-                d["spec"]
-                    .as_object_mut()
-                    .map(|spec| spec.remove("selector"));
-            }
-            d
-        })
-        .collect();
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
-    cp.kubectl_stdin(&["create", "-f", "-"], &serde_json::to_vec(&list)?)?;
-    cp.kubectl_stdin(
-        &["wait", "--for=condition=Established", "crd", "--all"],
-        b"",
-    )?;
-    Ok(())
+    let path = rendered_manifests("kruise-game", "kruise-game.yaml")?;
+    cp.install_manifests(&path, &NOT_INSTALLED, |mut d| {
+        if d["kind"] == "Service" && d["metadata"]["name"] == WEBHOOK_SERVICE {
+            d["spec"]
+                .as_object_mut()
+                .map(|spec| spec.remove("selector"));
+        }
+        d
+    })
 }
 
 /// The webhook Service's one endpoint: this host's node-network address and the port the
