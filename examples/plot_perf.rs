@@ -1,5 +1,5 @@
 //! Renders the benchmarks' figures (`docs/perf/*.csv`, written by `bench_sidecar`,
-//! `bench_probes` and podprobe-manager's `bench_manager`; `docs/perf/fleet.jsonl`, written by
+//! `bench_probes` and podprobe-manager's `bench_manager` and `bench_kruise_daemon`; `docs/perf/fleet.jsonl`, written by
 //! podprobe-fleet's `bench_fleet`) as SVG plots next to them, for `docs/performance.md` and
 //! `docs/scale.md`.
 //!
@@ -7,6 +7,7 @@
 //!
 //! A program, not a test. A missing CSV is reported and its plot skipped.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
@@ -188,7 +189,55 @@ fn main() -> Plot {
             &patches,
         )?;
     }
+    kruise_daemon_plots()?;
     fleet_plots()
+}
+
+/// The mean of `column` by pod count (column 2) for each series `key` names, over every run.
+fn means_by_pods(
+    rows: &[Vec<String>],
+    key: impl Fn(&[String]) -> String,
+    column: usize,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut runs: BTreeMap<String, BTreeMap<u64, Vec<f64>>> = BTreeMap::new();
+    for row in rows {
+        runs.entry(key(row))
+            .or_default()
+            .entry(number(row, 2) as u64)
+            .or_default()
+            .push(number(row, column));
+    }
+    runs.into_iter()
+        .map(|(name, by_pods)| {
+            let points = by_pods
+                .into_iter()
+                .map(|(pods, v)| (pods as f64, v.iter().sum::<f64>() / v.len() as f64))
+                .collect();
+            (name, points)
+        })
+        .collect()
+}
+
+/// `kruise_daemon.csv` (podprobe-manager's `bench_kruise_daemon`): CPU per attempt by pod
+/// count for each executor and handler, and each executor's memory.
+fn kruise_daemon_plots() -> Plot {
+    let Some(rows) = rows("kruise_daemon.csv") else {
+        return Ok(());
+    };
+    lines_chart(
+        "kruise_daemon_cpu.svg",
+        "CPU per probe attempt on the node: kruise-daemon vs podprobe",
+        "pods (one probe each, period 1 s)",
+        "CPU (ms per attempt)",
+        &means_by_pods(&rows, |r| format!("{} {}", r[0], r[1]), 6),
+    )?;
+    lines_chart(
+        "kruise_daemon_memory.svg",
+        "Executor memory on the node: kruise-daemon RSS vs the sidecars' sum",
+        "pods",
+        "memory (MiB)",
+        &means_by_pods(&rows, |r| r[0].clone(), 9),
+    )
 }
 
 /// `docs/perf/fleet.jsonl`: one `{"build", "report"}` object per bench_fleet run; the runs of

@@ -37,77 +37,8 @@ use serde_json::json;
 use testkit::real::{Node, NodeOptions};
 
 use installed::NS;
+use on_node::usage::{cluster_markers, container_cpu, machine_busy, processes_cpu};
 use on_node::{SIDECAR, container_id, wait_for};
-
-/// Busy jiffies of the whole machine (`/proc/stat`, first line: all but idle and iowait).
-fn machine_busy_jiffies() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap();
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .skip(1)
-        .map(|f| f.parse().unwrap())
-        .collect();
-    fields.iter().sum::<u64>() - fields[3] - fields[4]
-}
-
-/// CPU seconds (`cpuacct.usage`) of a container of the node, found by its id.
-fn container_cpu(node: &Node, id: &str) -> f64 {
-    let root = std::path::PathBuf::from("/sys/fs/cgroup/cpuacct")
-        .join(node.cgroup_root().trim_start_matches('/'));
-    let dir = find(&root, id).unwrap_or_else(|| panic!("no cpuacct cgroup {id}"));
-    let ns: u64 = std::fs::read_to_string(dir.join("cpuacct.usage"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    ns as f64 / 1e9
-}
-
-fn find(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .find_map(|e| {
-            if e.file_name() == name {
-                Some(e.path())
-            } else {
-                find(&e.path(), name)
-            }
-        })
-}
-
-/// USER_HZ on Linux.
-const HZ: f64 = 100.0;
-
-/// CPU seconds (own and reaped children's) of the processes whose command line names one of
-/// `markers` (the node's and the control plane's directories).
-fn processes_cpu(markers: &[String]) -> f64 {
-    let mut jiffies = 0u64;
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        if !markers.iter().any(|m| cmdline.contains(m.as_str())) {
-            continue;
-        }
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // After the parenthesised command: utime stime cutime cstime are fields 14-17.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<&str> = after.split(' ').collect();
-        jiffies += fields[11..15]
-            .iter()
-            .map(|f| f.parse::<u64>().unwrap_or(0))
-            .sum::<u64>();
-    }
-    jiffies as f64 / HZ
-}
 
 struct Window {
     /// Machine busy CPU seconds during the window.
@@ -119,12 +50,11 @@ struct Window {
 }
 
 async fn measure(seconds: u64, markers: &[String], node: &Node, sidecar: &str) -> Window {
-    let busy0 = machine_busy_jiffies();
+    let busy0 = machine_busy();
     let (daemons0, side0) = (processes_cpu(markers), container_cpu(node, sidecar));
     tokio::time::sleep(Duration::from_secs(seconds)).await; // the measurement window itself
-    let busy1 = machine_busy_jiffies();
     Window {
-        busy: (busy1 - busy0) as f64 / HZ,
+        busy: machine_busy() - busy0,
         daemons: processes_cpu(markers) - daemons0,
         sidecar: container_cpu(node, sidecar) - side0,
     }
@@ -191,10 +121,7 @@ async fn main() {
     let mut quiet = on_node::game_pod("bench-quiet", node.name());
     quiet.metadata.labels = Some([("app".to_owned(), "quiet".to_owned())].into());
     let quiet_id = run_pod(&pods, quiet, 0).await;
-    let markers = [
-        node.dir().display().to_string(),
-        cp.dir().display().to_string(),
-    ];
+    let markers = cluster_markers(&node, cp);
     let idle = measure(seconds, &markers, &node, &quiet_id).await;
     delete_pod(&pods, "bench-quiet").await;
     let id = run_pod(&pods, probe_pod, probes).await;

@@ -4,6 +4,8 @@
 //! What the tests read off the node: container ids, logs, exec, cgroup figures.
 #![allow(dead_code)] // each test binary uses a part of it
 
+pub mod usage;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
