@@ -72,7 +72,7 @@ inputs_key() { # the extra source directories of what is built
     rustc -vV
     echo "$target $cc ${RUSTFLAGS:-} ${CARGO_ENCODED_RUSTFLAGS:-}"
     {
-      find hack/build-static.sh Cargo.lock examples/game-server-pod.yaml src protocol ops manager/src "$@" -type f
+      find hack/build-static.sh Cargo.lock examples/game-server-pod.yaml src protocol model ops manager/src "$@" -type f
       find . -name Cargo.toml -not -path './target/*' -not -path './.git/*'
     } | LC_ALL=C sort | xargs -r sha256sum
   } | sha256sum | cut -c1-32
@@ -122,14 +122,15 @@ build_if_changed() {
 mkdir -p "$out"
 build_if_changed images podprobe-static.inputs -- \
   sidecar/podprobe manager/podprobe-manager -- \
-  podprobe podprobe-protocol podprobe-ops podprobe-manager -- \
+  podprobe podprobe-protocol podprobe-model podprobe-ops podprobe-manager -- \
   "--profile sidecar --no-default-features -p podprobe --bin podprobe" \
   "--profile manager -p podprobe-manager --bin podprobe-manager"
 if [ "$plugin" = 1 ]; then
-  # After the images' build, which rebuilt the crates it shares with the manager when their
-  # sources changed; cleaning only its own (the manager's binary stays current).
+  # After the images' build, which rebuilt the crates it shares with the manager (protocol,
+  # model) when their sources changed; cleaning only its own (the manager's binary stays
+  # current).
   build_if_changed plugin kubectl-podprobe-static.inputs kubectl-podprobe/src -- \
     manager/kubectl-podprobe -- \
-    kubectl-podprobe podprobe -- \
+    kubectl-podprobe -- \
     "--profile manager -p kubectl-podprobe --bin kubectl-podprobe"
 fi

@@ -43,8 +43,7 @@ pub fn kube_time(at: Timestamp) -> Time {
     Time(at.round(whole_seconds).unwrap_or(at))
 }
 
-/// The field manager of podprobe's status writes, so `managedFields` tell its writes apart.
-pub const FIELD_MANAGER: &str = "podprobe";
+pub use podprobe_protocol::pod::FIELD_MANAGER;
 
 /// The conditions podprobe owns on one pod: what it published, and what the pod says.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -60,17 +60,17 @@ fn bad_input_exits_2_naming_file_probe_and_field() {
                 "c",
                 r#"{"httpGet":{"port":80,"host":"169.254.169.254"}}"#,
             )])),
-            "probe.httpGet.host: must not be set",
+            "probe.httpGet.host: Forbidden: probes always target the pod IP",
         ),
         (
             "port0.json",
             annotation(&[entry("p", "c", r#"{"tcpSocket":{"port":0}}"#)]),
-            "probe.tcpSocket.port: 0 must be between 1 and 65535, inclusive",
+            "probe.tcpSocket.port: Invalid value: 0: must be between 1 and 65535, inclusive",
         ),
         (
             "port65536.json",
             annotation(&[entry("p", "c", r#"{"tcpSocket":{"port":65536}}"#)]),
-            "probe.tcpSocket.port: 65536 must be between 1 and 65535, inclusive",
+            "probe.tcpSocket.port: Invalid value: 65536: must be between 1 and 65535, inclusive",
         ),
         (
             "unknown-port.yaml",
@@ -79,12 +79,12 @@ fn bad_input_exits_2_naming_file_probe_and_field() {
                 "c",
                 r#"{"httpGet":{"port":"metrics"}}"#,
             )])),
-            "no port named \"metrics\"",
+            "Invalid value: \"metrics\": no port with this name in the target container",
         ),
         (
             "empty-command.json",
             annotation(&[entry("p", "c", r#"{"exec":{"command":[]}}"#)]),
-            "probe.exec.command: must not be empty",
+            "probe.exec.command: Required value",
         ),
         (
             "huge.json",

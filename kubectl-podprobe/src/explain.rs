@@ -345,7 +345,7 @@ fn status_writers(pod: &k8s_openapi::api::core::v1::Pod, now: jiff::Timestamp) -
         .iter()
         .flatten()
         .filter(|m| m.subresource.as_deref() == Some("status"))
-        .filter(|m| m.manager.as_deref() != Some(podprobe::condition::FIELD_MANAGER))
+        .filter(|m| m.manager.as_deref() != Some(podprobe_protocol::pod::FIELD_MANAGER))
         .collect();
     writers.sort_by_key(|m| std::cmp::Reverse(m.time.as_ref().map(|t| t.0)));
     writers

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::ListParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use podprobe_manager::crd::PodProbeMarker;
+use podprobe_model::crd::PodProbeMarker;
 
 use crate::args::Global;
 

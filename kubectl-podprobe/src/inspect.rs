@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
-use podprobe::annotation::{InvalidProbe, PodContainers};
-use podprobe_manager::crd::{PodProbeMarker, ProbeMarkerPolicy};
-use podprobe_manager::selector::markers_for_pod;
+use podprobe_model::crd::{PodProbeMarker, ProbeMarkerPolicy};
+use podprobe_model::selector::markers_for_pod;
+use podprobe_protocol::annotation::{InvalidProbe, PodContainers};
 use podprobe_protocol::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
 use podprobe_protocol::state::ProbeState;
 use serde_json::Value;
@@ -81,7 +81,7 @@ pub fn expected(facts: &PodFacts) -> Expected<'_> {
     };
     Expected {
         markers: markers_for_pod(&facts.pod, all),
-        annotation: podprobe_manager::annotate::compute(&facts.pod, all).map(|c| c.probes),
+        annotation: podprobe_model::annotate::compute(&facts.pod, all).map(|c| c.probes),
     }
 }
 
@@ -117,13 +117,13 @@ pub fn invalid_probes(pod: &Pod) -> Vec<InvalidProbe> {
         return vec![];
     };
     let containers = pod.spec.as_ref().map(PodContainers::from_spec);
-    match podprobe::annotation::parse(value, containers.as_ref()) {
+    match podprobe_protocol::annotation::parse(value, containers.as_ref()) {
         Ok(set) => set.invalid,
         Err(e) => vec![InvalidProbe {
             index: 0,
             name: None,
             condition_type: None,
-            error: podprobe::annotation::ProbeError::Decode(e.to_string()),
+            error: podprobe_protocol::annotation::ProbeError::Decode(e.to_string()),
         }],
     }
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use podprobe_manager::crd::PodProbeMarker;
+use podprobe_model::crd::PodProbeMarker;
 use serde_json::{Value, json};
 use testkit::real::ControlPlane;
 
@@ -55,7 +55,7 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("{e}"));
         cp.create_namespace(NS).await.unwrap();
         let crds = Api::all(cp.client());
-        crds.create(&PostParams::default(), &podprobe_manager::crd::crd())
+        crds.create(&PostParams::default(), &podprobe_model::crd::crd())
             .await
             .unwrap();
         let mut status = Command::new(testkit::real::tools::tool("kubectl").unwrap());
@@ -119,7 +119,7 @@ impl Cluster {
             "spec": {"nodeName": spec.node, "containers": containers}
         }))
         .unwrap();
-        let computed = podprobe_manager::annotate::compute(&pod, &self.markers);
+        let computed = podprobe_model::annotate::compute(&pod, &self.markers);
         let annotations = pod.metadata.annotations.get_or_insert_default();
         match (spec.annotation, computed) {
             (Some(""), _) | (None, None) => {}
@@ -524,11 +524,11 @@ Events:
             "Pod games/gs-invalid
   ok   PodProbeMarker its kruise.io/podprobemarker-list names PodProbeMarker risky
   ok   annotation     kruise.io/podprobe lists idle (game.io/risky)
-  FAIL probes         the sidecar refuses probe #0 \"idle\" (podConditionType \"game.io/risky\"): probe.httpGet.host: must not be set (refused to prevent probes aimed at other hosts)   <- first broken link
+  FAIL probes         the sidecar refuses probe #0 \"idle\" (podConditionType \"game.io/risky\"): probe.httpGet.host: Forbidden: probes always target the pod IP; a host would let a probe reach other endpoints (SSRF)   <- first broken link
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
   FAIL condition      condition game.io/risky is missing: the sidecar has not written it
-First broken link: probes: the sidecar refuses probe #0 \"idle\" (podConditionType \"game.io/risky\"): probe.httpGet.host: must not be set (refused to prevent probes aimed at other hosts)
+First broken link: probes: the sidecar refuses probe #0 \"idle\" (podConditionType \"game.io/risky\"): probe.httpGet.host: Forbidden: probes always target the pod IP; a host would let a probe reach other endpoints (SSRF)
 Events:
   <none>
 ",

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use podprobe_manager::crd::PodProbeMarker;
+use podprobe_model::crd::PodProbeMarker;
 use serde_json::json;
 use testkit::real::ControlPlane;
 

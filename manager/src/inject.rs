@@ -217,9 +217,15 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
 mod tests {
     use super::*;
     use crate::config::NativeSidecar;
-    use crate::selector::tests::labels;
     use k8s_openapi::api::core::v1::PodSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
 
     fn config() -> InjectionConfig {
         InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap()

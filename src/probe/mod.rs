@@ -19,7 +19,6 @@ pub mod reaper;
 pub mod tcp;
 mod url;
 
-use std::fmt;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ContainerPort;
@@ -33,78 +32,9 @@ pub const MAX_MESSAGE_BYTES: usize = 1024;
 /// At most this many bytes of each output stream / response body are read into memory.
 pub const MAX_READ_BYTES: usize = 10 * 1024;
 
-/// A port as written in the annotation: a number, or a name to resolve against the target
-/// container's `ports[].name` at attempt time.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Port {
-    Number(u16),
-    Name(String),
-}
-
-impl fmt::Display for Port {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Port::Number(n) => write!(f, "{n}"),
-            Port::Name(name) => write!(f, "{name:?}"),
-        }
-    }
-}
-
-/// `HTTP` or `HTTPS` (the API's spelling; the URL uses lower case).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Scheme {
-    Http,
-    Https,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ExecAction {
-    /// argv, passed verbatim (OpenKruise does no `$(VAR)` expansion).
-    pub command: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct HttpAction {
-    pub scheme: Scheme,
-    /// Path (and optional query/fragment) as given; empty means `/`.
-    pub path: String,
-    pub port: Port,
-    /// Headers in the order given; names as written (canonicalised when sent).
-    pub headers: Vec<(String, String)>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TcpAction {
-    pub port: Port,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct GrpcAction {
-    pub port: u16,
-    /// Service name for `HealthCheckRequest`; empty means the whole server.
-    pub service: String,
-}
-
-/// Exactly one handler per probe (validated in `annotation`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Handler {
-    Exec(ExecAction),
-    Http(HttpAction),
-    Tcp(TcpAction),
-    Grpc(GrpcAction),
-}
-
-impl Handler {
-    /// Short name for logs and metrics: `exec`, `httpGet`, `tcpSocket`, `grpc`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Handler::Exec(_) => "exec",
-            Handler::Http(_) => "httpGet",
-            Handler::Tcp(_) => "tcpSocket",
-            Handler::Grpc(_) => "grpc",
-        }
-    }
-}
+pub use podprobe_protocol::handler::{
+    ExecAction, GrpcAction, Handler, HttpAction, Port, Scheme, TcpAction,
+};
 
 /// What an attempt is aimed at: the pod's address and the target container (its name, declared
 /// ports and, when the pod status is known, its current `containerID`).
@@ -129,8 +59,9 @@ impl Target {
         }
     }
 
-    /// Resolves a port: numbers as is; names against the container's ports (first match wins),
-    /// then — like OpenKruise's resolver — a numeric string parses as a number.
+    /// Resolves a port: numbers as is; names against the container's ports (first match wins).
+    /// A name is never digits: the probe check made a string of digits its number, as
+    /// OpenKruise's resolver does (`podprobe_protocol::check`).
     pub fn resolve_port(&self, port: &Port) -> Result<u16, AttemptError> {
         match port {
             Port::Number(n) => Ok(*n),
@@ -148,20 +79,18 @@ impl Target {
                             reason: format!("containerPort {} is out of range", p.container_port),
                         });
                 }
-                name.parse::<u16>().ok().filter(|n| *n != 0).ok_or_else(|| {
-                    // No declared ports at all is also what the sidecar sees when it reads
-                    // only the downward-API file (seen on a real node): say how to fix that.
-                    let reason = if self.container_ports.is_empty() {
-                        "no ports known for the target container (with `--source file` the \
-                         sidecar does not see the pod spec: use a port number in the probe, \
-                         or `--source api`)"
-                    } else {
-                        "no port with that name in the target container"
-                    };
-                    AttemptError::UnresolvedPort {
-                        name: name.clone(),
-                        reason: reason.into(),
-                    }
+                // No declared ports at all is also what the sidecar sees when it reads only
+                // the downward-API file (seen on a real node): say how to fix that.
+                let reason = if self.container_ports.is_empty() {
+                    "no ports known for the target container (with `--source file` the \
+                     sidecar does not see the pod spec: use a port number in the probe, or \
+                     `--source api`)"
+                } else {
+                    "no port with that name in the target container"
+                };
+                Err(AttemptError::UnresolvedPort {
+                    name: name.clone(),
+                    reason: reason.into(),
                 })
             }
         }
@@ -397,15 +326,9 @@ mod tests {
             80
         );
         assert_eq!(target.resolve_port(&Port::Number(8080)).unwrap(), 8080);
-        // OpenKruise's resolver falls back to parsing the name as a number.
-        assert_eq!(
-            target.resolve_port(&Port::Name("9090".into())).unwrap(),
-            9090
-        );
         let err = target.resolve_port(&Port::Name("web".into())).unwrap_err();
         assert!(err.to_string().contains("\"web\""), "{err}");
         assert!(err.to_string().contains("no port with that name"), "{err}");
-        assert!(target.resolve_port(&Port::Name("0".into())).is_err());
     }
 
     /// Reading only the downward-API file, the sidecar knows no container ports: the error
@@ -422,11 +345,6 @@ mod tests {
         assert!(
             text.contains("--source file") && text.contains("port number"),
             "{text}"
-        );
-        // Numeric names still parse: they need no spec.
-        assert_eq!(
-            target.resolve_port(&Port::Name("8080".into())).unwrap(),
-            8080
         );
     }
 }

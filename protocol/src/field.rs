@@ -1,5 +1,5 @@
 //! Field errors as apimachinery renders them (`field.ErrorList`), so messages read like the
-//! apiserver's own.
+//! apiserver's own: the PodProbeMarker webhook's, and the probe check's ([`crate::check`]).
 
 use std::fmt;
 
@@ -56,7 +56,8 @@ fn format_errors(errors: &[FieldError]) -> String {
     }
 }
 
-pub(super) fn err(
+/// A field error of any kind.
+pub fn err(
     field: &str,
     kind: ErrorKind,
     value: Option<String>,
@@ -70,15 +71,13 @@ pub(super) fn err(
     }
 }
 
-pub(super) fn invalid(
-    field: &str,
-    value: impl fmt::Display,
-    detail: impl Into<String>,
-) -> FieldError {
+/// An `Invalid value` error, showing `value`.
+pub fn invalid(field: &str, value: impl fmt::Display, detail: impl Into<String>) -> FieldError {
     err(field, ErrorKind::Invalid, Some(value.to_string()), detail)
 }
 
-pub(super) fn quoted(s: &str) -> String {
+/// A string value as apimachinery shows it in a message (Go's `%q`).
+pub fn quoted(s: &str) -> String {
     format!("{s:?}")
 }
 

@@ -1,4 +1,5 @@
-//! The pod annotations of the protocol and the wire type of one probe in `kruise.io/podprobe`.
+//! The pod annotations of the protocol, the wire type of one probe in `kruise.io/podprobe`, and
+//! its parsing and per-probe checks ([`parse`]).
 
 use k8s_openapi::api::core::v1::Probe;
 use serde::{Deserialize, Serialize};
@@ -43,3 +44,12 @@ pub struct PodContainerProbe {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_condition_type: Option<String>,
 }
+
+mod parse;
+#[cfg(test)]
+mod tests;
+
+pub use parse::{
+    AnnotationError, InvalidProbe, PodContainers, ProbeError, ProbeSet, ProbeSpec, RawTiming,
+    from_pod, parse, validate,
+};

@@ -7,26 +7,21 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use k8s_openapi::api::core::v1::{ExecAction, GRPCAction, HTTPGetAction, Probe, TCPSocketAction};
+use k8s_openapi::api::core::v1::Probe;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use podprobe_protocol::annotation::{
     MAX_ANNOTATION_BYTES, RESERVED_CONDITION_TYPES, RESERVED_PROBE_NAMES,
 };
+use podprobe_protocol::check::{Strictness, check_handler};
 use podprobe_protocol::names::{is_qualified_part, qualified_name_errors};
-use podprobe_protocol::rules::{
-    HEADER_NAME_RULE, is_header_name, port_name_violations, port_number_violation, url_violation,
-};
 use podprobe_protocol::state::{STATE_FAILED, STATE_SUCCEEDED};
 
 use crate::crd::{PodContainerProbe, PodProbeMarker, PodProbeMarkerSpec, ProbeMarkerPolicy};
 use crate::selector;
 
-mod field;
-
-pub use field::{ErrorKind, FieldError, ValidationErrors};
-use field::{err, invalid, quoted};
+pub use podprobe_protocol::field::{ErrorKind, FieldError, ValidationErrors};
+use podprobe_protocol::field::{err, invalid, quoted};
 
 /// CREATE (`old = None`) or UPDATE validation of a PodProbeMarker.
 pub fn validate(
@@ -273,136 +268,12 @@ fn validate_probe(probe: &Probe, path: &str) -> Vec<FieldError> {
     errors
 }
 
-/// Exactly one of exec, httpGet, tcpSocket, grpc; each then checked on its own.
+/// Exactly one of exec, httpGet, tcpSocket, grpc, read as Kruise's webhook reads it (the one
+/// probe check the sidecar and the plugin share, [`podprobe_protocol::check`]).
 pub fn validate_handler(probe: &Probe, path: &str) -> Vec<FieldError> {
-    let mut errors = Vec::new();
-    let mut handlers = 0;
-    let mut one =
-        |name: &str, errors: &mut Vec<FieldError>, check: &dyn Fn(&str) -> Vec<FieldError>| {
-            let at = format!("{path}.{name}");
-            if handlers > 0 {
-                errors.push(err(
-                    &at,
-                    ErrorKind::Forbidden,
-                    None,
-                    "may not specify more than 1 handler type",
-                ));
-            } else {
-                handlers += 1;
-                errors.extend(check(&at));
-            }
-        };
-    if let Some(exec) = &probe.exec {
-        one("exec", &mut errors, &|at| validate_exec(exec, at));
-    }
-    if let Some(http) = &probe.http_get {
-        one("httpGet", &mut errors, &|at| validate_http_get(http, at));
-    }
-    if let Some(tcp) = &probe.tcp_socket {
-        one("tcpSocket", &mut errors, &|at| validate_tcp_socket(tcp, at));
-    }
-    if let Some(grpc) = &probe.grpc {
-        one("grpc", &mut errors, &|at| validate_grpc(grpc, at));
-    }
-    if handlers == 0 {
-        errors.push(err(
-            path,
-            ErrorKind::Required,
-            None,
-            "must specify a handler type",
-        ));
-    }
-    errors
-}
-
-fn validate_exec(exec: &ExecAction, path: &str) -> Vec<FieldError> {
-    if exec.command.as_ref().is_none_or(Vec::is_empty) {
-        vec![err(
-            &format!("{path}.command"),
-            ErrorKind::Required,
-            None,
-            "",
-        )]
-    } else {
-        vec![]
-    }
-}
-
-fn forbid_host(host: Option<&str>, path: &str) -> Option<FieldError> {
-    host.filter(|h| !h.is_empty()).map(|_| {
-        err(
-            &format!("{path}.host"),
-            ErrorKind::Forbidden,
-            None,
-            "probes always target the pod IP; a host would let a probe reach other endpoints (SSRF)",
-        )
-    })
-}
-
-fn validate_tcp_socket(tcp: &TCPSocketAction, path: &str) -> Vec<FieldError> {
-    let mut errors: Vec<_> = forbid_host(tcp.host.as_deref(), path).into_iter().collect();
-    errors.extend(validate_port(&tcp.port, &format!("{path}.port")));
-    errors
-}
-
-fn validate_grpc(grpc: &GRPCAction, path: &str) -> Vec<FieldError> {
-    port_number_violation(i64::from(grpc.port))
-        .into_iter()
-        .map(|violation| invalid(&format!("{path}.port"), grpc.port, violation.to_string()))
-        .collect()
-}
-
-/// httpGet rules; the `Host` *header* stays allowed (the contract uses it to set the request's
-/// Host line), unlike OpenKruise releases that refuse it.
-pub fn validate_http_get(http: &HTTPGetAction, path: &str) -> Vec<FieldError> {
-    let mut errors: Vec<_> = forbid_host(http.host.as_deref(), path)
-        .into_iter()
-        .collect();
-    let url_path = http.path.as_deref().unwrap_or("");
-    let path_field = format!("{path}.path");
-    if url_path.is_empty() {
-        errors.push(err(&path_field, ErrorKind::Required, None, ""));
-    }
-    if let Some(why) = url_violation(url_path) {
-        errors.push(invalid(
-            &path_field,
-            quoted(url_path),
-            format!("must be a valid URL path: {why}"),
-        ));
-    }
-    errors.extend(validate_port(&http.port, &format!("{path}.port")));
-    let scheme = http.scheme.as_deref().unwrap_or("");
-    if scheme != "HTTP" && scheme != "HTTPS" {
-        errors.push(err(
-            &format!("{path}.scheme"),
-            ErrorKind::NotSupported,
-            Some(quoted(scheme)),
-            r#"supported values: "HTTP", "HTTPS""#,
-        ));
-    }
-    for (i, header) in http.http_headers.iter().flatten().enumerate() {
-        if !is_header_name(&header.name) {
-            errors.push(invalid(
-                &format!("{path}.httpHeaders[{i}].name"),
-                quoted(&header.name),
-                HEADER_NAME_RULE,
-            ));
-        }
-    }
-    errors
-}
-
-fn validate_port(port: &IntOrString, path: &str) -> Vec<FieldError> {
-    match port {
-        IntOrString::Int(n) => port_number_violation(i64::from(*n))
-            .into_iter()
-            .map(|violation| invalid(path, n, violation.to_string()))
-            .collect(),
-        IntOrString::String(s) => port_name_violations(s)
-            .into_iter()
-            .map(|violation| invalid(path, quoted(s), violation.to_string()))
-            .collect(),
-    }
+    check_handler(probe, path, Strictness::Admission, None)
+        .err()
+        .unwrap_or_default()
 }
 
 fn validate_policy(policy: &ProbeMarkerPolicy, path: &str) -> Vec<FieldError> {

@@ -1,8 +1,11 @@
 use super::*;
 use crate::crd::PodContainerProbe;
 use crate::selector::tests::{labels, sel};
-use k8s_openapi::api::core::v1::HTTPHeader;
+use k8s_openapi::api::core::v1::{
+    ExecAction, GRPCAction, HTTPGetAction, HTTPHeader, TCPSocketAction,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 /// OpenKruise's `ppmDemo`.
 fn ppm_demo() -> PodProbeMarker {
@@ -231,6 +234,16 @@ fn tv14_http_get_error_counts() {
         let errors = validate_http_get(&action, "test");
         assert_eq!(errors.len(), want, "{name}: {errors:?}");
     }
+}
+
+fn validate_http_get(action: &HTTPGetAction, path: &str) -> Vec<FieldError> {
+    validate_handler(
+        &Probe {
+            http_get: Some(action.clone()),
+            ..Default::default()
+        },
+        path,
+    )
 }
 
 fn handler_errors(p: Probe) -> usize {
