@@ -150,12 +150,6 @@ async fn named_port_resolution() {
     let obs = prober.attempt(&named, &target, SEC).await.unwrap();
     assert_eq!(obs.outcome, Outcome::Succeeded);
 
-    let numeric = Handler::Tcp(TcpAction {
-        port: Port::Name(port.to_string()),
-    });
-    let obs = prober.attempt(&numeric, &target, SEC).await.unwrap();
-    assert_eq!(obs.outcome, Outcome::Succeeded);
-
     let unknown = Handler::Tcp(TcpAction {
         port: Port::Name("metrics".into()),
     });
