@@ -10,7 +10,8 @@
 # ring's C and assembly and links). CARGO_TARGET_DIR is honoured.
 #   podprobe          --profile sidecar --no-default-features (size first: it runs in every pod)
 #   podprobe-manager  --profile manager (release, stripped)
-#   kubectl-podprobe  --profile manager, after the two above (it shares the manager's crates)
+#   kubectl-podprobe  --profile manager, after the manager (it shares the manager's crates)
+# Each binary has a stamp of its own: it is rebuilt only when its own inputs change.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -62,17 +63,18 @@ if [ "$cc" != musl-gcc ]; then
   export "CARGO_TARGET_${env_target}_LINKER=$cc" "CC_${target//-/_}=$cc"
 fi
 
-# Everything the binaries are built from: the toolchain, compiler and flags, this script,
-# the lock file, every manifest, and the sources of the crates they hold. The target directory
-# keeps that key beside the binaries it was built into (with their hashes, so a build by other
+# Everything a binary is built from: the toolchain, compiler and flags, this script, the lock
+# file, every manifest, the shared crates' sources (protocol, ops) and its own crates'. Each
+# binary keeps that key beside it in the target directory (with its hash, so a build by other
 # means is noticed); the same key skips cargo, which in a fresh clone (new file times) would
-# rebuild both crates and redo their fat LTO, minutes, although nothing changed.
-inputs_key() { # the extra source directories of what is built
+# rebuild and redo its fat LTO, minutes, although nothing changed. One key per binary: a change
+# to the sidecar alone rebuilds neither the manager nor the plugin.
+inputs_key() { # the binary's own source directories
   {
     rustc -vV
     echo "$target $cc ${RUSTFLAGS:-} ${CARGO_ENCODED_RUSTFLAGS:-}"
     {
-      find hack/build-static.sh Cargo.lock examples/game-server-pod.yaml src protocol model ops manager/src "$@" -type f
+      find hack/build-static.sh Cargo.lock protocol ops "$@" -type f
       find . -name Cargo.toml -not -path './target/*' -not -path './.git/*'
     } | LC_ALL=C sort | xargs -r sha256sum
   } | sha256sum | cut -c1-32
@@ -120,16 +122,19 @@ build_if_changed() {
 }
 
 mkdir -p "$out"
-build_if_changed images podprobe-static.inputs -- \
-  sidecar/podprobe manager/podprobe-manager -- \
-  podprobe podprobe-protocol podprobe-model podprobe-ops podprobe-manager -- \
-  "--profile sidecar --no-default-features -p podprobe --bin podprobe" \
+# The sidecar (examples/game-server-pod.yaml: its `check` command's built-in example).
+build_if_changed sidecar podprobe-static.inputs src examples/game-server-pod.yaml -- \
+  sidecar/podprobe -- \
+  podprobe podprobe-protocol podprobe-ops -- \
+  "--profile sidecar --no-default-features -p podprobe --bin podprobe"
+build_if_changed manager podprobe-manager-static.inputs model manager/src -- \
+  manager/podprobe-manager -- \
+  podprobe-manager podprobe-model podprobe-protocol podprobe-ops -- \
   "--profile manager -p podprobe-manager --bin podprobe-manager"
 if [ "$plugin" = 1 ]; then
-  # After the images' build, which rebuilt the crates it shares with the manager (protocol,
-  # model) when their sources changed; cleaning only its own (the manager's binary stays
-  # current).
-  build_if_changed plugin kubectl-podprobe-static.inputs kubectl-podprobe/src -- \
+  # In the manager's profile, after it. The crates they share (protocol, model) are the
+  # manager's inputs too: its step cleaned and rebuilt them when they changed.
+  build_if_changed plugin kubectl-podprobe-static.inputs model kubectl-podprobe/src -- \
     manager/kubectl-podprobe -- \
     kubectl-podprobe -- \
     "--profile manager -p kubectl-podprobe --bin kubectl-podprobe"
