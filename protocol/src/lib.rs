@@ -3,6 +3,8 @@
 //!
 //! - [`annotation`]: the annotation keys, their limits, the wire type of one probe, and its
 //!   parsing and per-probe checks into [`handler`]s;
+//! - [`check`]: the one check of a probe's handler, read as Kruise's webhook admits it or as
+//!   kruise-daemon runs it;
 //! - [`handler`]: a checked probe's handler, what one attempt runs;
 //! - [`rules`]: the field rules a probe must pass (ports, header names, URL paths), each
 //!   returning a typed violation whose message is apimachinery's;
