@@ -8,7 +8,7 @@ use super::on_node::usage;
 use super::support;
 
 /// Where the exec probe counts its attempts, one byte each, in the game container.
-const EXEC_ATTEMPTS: &str = "/var/run/game/attempts";
+pub const EXEC_ATTEMPTS: &str = "/var/run/game/attempts";
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Handler {

@@ -174,7 +174,7 @@ impl Row {
         self.pods as u64 * self.seconds
     }
     fn ms(&self, s: f64) -> f64 {
-        s * 1000.0 / self.probing.attempts.max(1) as f64
+        s * 1000.0 / self.probing.attempts as f64
     }
     fn executor_ms(&self) -> f64 {
         self.ms(self.probing.executor - self.baseline.executor)
@@ -235,6 +235,15 @@ async fn bench(
             .map(|p| usage::container_pid(node, &container_id(p, "game").unwrap()))
             .collect();
         let probing = subject.measure(seconds).await;
+        // No attempt counted means the counter broke (no attempts file, no accepted
+        // connection), not a free executor: a figure divided by it would be meaningless.
+        assert!(
+            probing.attempts > 0,
+            "{side}, {}: no attempt reached the game containers in {seconds} s \
+             (exec counts bytes in {}, tcp/http the pods' TCP PassiveOpens)",
+            handler.name(),
+            handler::EXEC_ATTEMPTS
+        );
         rows.push(Row {
             side,
             handler,
