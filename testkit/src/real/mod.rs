@@ -22,6 +22,7 @@
 //! ```
 
 pub mod audit;
+pub mod fault_proxy;
 mod kruise;
 pub mod kruise_game;
 pub mod metrics;
@@ -45,6 +46,7 @@ use kube::api::PostParams;
 use serde_json::json;
 
 pub use audit::AuditEvent;
+pub use fault_proxy::{ClientSide, FaultProxy, ProxyError};
 pub use kruise::{
     KRUISE_FEATURE_GATES, KRUISE_MUTATING_WEBHOOKS, KRUISE_NAMESPACE, KRUISE_SERVICE_ACCOUNT,
     KruiseAddrs, KruiseRelease,

@@ -1,0 +1,237 @@
+//! One request through the proxy: the faults that match it, then the apiserver's own answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::net::TcpStream;
+
+use super::{Serving, Shared, Upstream, upgrade, watch};
+use crate::{Action, Entry};
+
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type ProxyBody = BoxBody<Bytes, BoxError>;
+
+/// Returned to hyper to close the client's connection without an answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Dropped {
+    #[error("connection reset by an injected fault")]
+    Reset,
+    #[error("reading the client's request body: {0}")]
+    Body(hyper::Error),
+}
+
+/// Headers that describe one hop's connection, not the request (RFC 9110 §7.6.1); an upgrade
+/// keeps `Connection` and `Upgrade`, which are what it asks the apiserver for.
+const HOP_BY_HOP: [&str; 6] = [
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "proxy-authorization",
+];
+
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    serving: Serving,
+    mut req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Dropped> {
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let mut entry = Entry {
+        seq: 0,
+        time: chrono::Utc::now().to_rfc3339(),
+        method: req.method().to_string(),
+        content_type: header(req.headers(), CONTENT_TYPE.as_str()),
+        // The apiserver authenticates the token; the proxy does not know whose it is.
+        user: String::new(),
+        body: String::new(),
+        status: 0,
+        fault: false,
+        path,
+        query,
+    };
+    let upgrading = req.headers().contains_key(UPGRADE);
+    let client_upgrade = upgrading.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    let body = body.collect().await.map_err(Dropped::Body)?.to_bytes();
+    entry.body = String::from_utf8_lossy(&body).into_owned();
+
+    let is_watch = entry.is_watch();
+    let actions = shared.faults.take(
+        &entry.method,
+        &entry.path,
+        &entry.query,
+        &entry.content_type,
+        is_watch,
+    );
+    let (mut end_watch_after, mut drop_exec_after) = (None, None);
+    for action in actions {
+        match action {
+            Action::Delay { millis } => tokio::time::sleep(Duration::from_millis(millis)).await,
+            Action::Status {
+                code,
+                retry_after,
+                message,
+            } => {
+                entry.status = code;
+                entry.fault = true;
+                shared.journal.record(entry);
+                return Ok(status_response(code, message, retry_after));
+            }
+            Action::Reset => {
+                entry.fault = true;
+                shared.journal.record(entry);
+                return Err(Dropped::Reset);
+            }
+            Action::EndWatchAfter { events } => end_watch_after = Some(events),
+            Action::DropExecStreamAfter { bytes } => drop_exec_after = Some(bytes),
+        }
+    }
+
+    strip_hop_by_hop(&mut parts.headers, upgrading);
+    let request = Request::from_parts(parts, Full::new(body));
+    let mut response = match send(&shared.upstream, request, upgrading).await {
+        Ok(response) => response,
+        Err(e) => {
+            entry.status = StatusCode::BAD_GATEWAY.as_u16();
+            shared.journal.record(entry);
+            let message = format!("the fault proxy cannot reach the apiserver: {e}");
+            return Ok(status_response(502, Some(message), None));
+        }
+    };
+    entry.status = response.status().as_u16();
+    entry.fault = end_watch_after.is_some() || drop_exec_after.is_some();
+    shared.journal.record(entry);
+
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_upgrade) = client_upgrade
+    {
+        let apiserver_upgrade = hyper::upgrade::on(&mut response);
+        serving.tasks.spawn(upgrade::splice(
+            client_upgrade,
+            apiserver_upgrade,
+            drop_exec_after,
+            serving.outage.clone(),
+        ));
+        let (parts, _) = response.into_parts();
+        return Ok(Response::from_parts(parts, empty()));
+    }
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    let body = match end_watch_after {
+        Some(events) if is_watch => watch::end_after(body, events),
+        _ => body.map_err(BoxError::from).boxed(),
+    };
+    Ok(Response::from_parts(parts, body))
+}
+
+/// Sends `request` to the apiserver on a connection of its own.
+async fn send(
+    upstream: &Upstream,
+    mut request: Request<Full<Bytes>>,
+    upgrading: bool,
+) -> Result<Response<Incoming>, BoxError> {
+    let tcp = TcpStream::connect(&upstream.addr).await?;
+    let tls = upstream
+        .tls
+        .connect(upstream.server_name.clone(), tcp)
+        .await?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    tokio::spawn(async move {
+        // Ends with the response (or the upgraded stream); its error is the request's.
+        let _ = connection.with_upgrades().await;
+    });
+    request
+        .headers_mut()
+        .insert(HOST, HeaderValue::from_str(&upstream.authority)?);
+    if !upgrading {
+        request.headers_mut().remove(CONNECTION);
+    }
+    Ok(sender.send_request(request).await?)
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if !upgrading {
+        headers.remove(CONNECTION);
+        headers.remove(UPGRADE);
+    }
+    headers.remove(TRANSFER_ENCODING);
+}
+
+/// A `metav1.Status` answer, as kube-apiserver writes one for `code`.
+fn status_response(
+    code: u16,
+    message: Option<String>,
+    retry_after: Option<u64>,
+) -> Response<ProxyBody> {
+    let reason = reason(code);
+    let mut status = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message.unwrap_or_else(|| format!("injected fault: {code} {reason}")),
+        "reason": reason,
+        "code": code,
+    });
+    if let Some(seconds) = retry_after {
+        status["details"] = json!({"retryAfterSeconds": seconds});
+    }
+    let mut response = Response::new(full(Bytes::from(status.to_string())));
+    *response.status_mut() =
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Some(seconds) = retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    response
+}
+
+/// `metav1.StatusReason` for a code, as the apiserver pairs them.
+fn reason(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "Conflict",
+        410 => "Expired",
+        415 => "UnsupportedMediaType",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "",
+    }
+}
+
+fn header(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn full(bytes: Bytes) -> ProxyBody {
+    Full::new(bytes).map_err(|never| match never {}).boxed()
+}
+
+fn empty() -> ProxyBody {
+    full(Bytes::new())
+}
