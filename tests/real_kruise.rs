@@ -16,7 +16,6 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use podprobe::demo::{GamePort, serve_health};
 use serde_json::{Value, json};
-use support::real::{RealCluster, SIDECAR_SA};
 use support::*;
 use testkit::real::KruiseRelease;
 
@@ -116,7 +115,7 @@ async fn kruise_1_8_manager_marks_what_the_podprobe_sidecar_probes() {
 }
 
 async fn marks_what_podprobe_probes(release: KruiseRelease) {
-    let mut cluster = RealCluster::start().await;
+    let mut cluster = Cluster::start().await;
     cluster
         .cp
         .start_kruise_release(release)

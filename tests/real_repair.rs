@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
-use support::real::{ProbedPod, RealCluster};
 use support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -19,11 +18,7 @@ const OTHER_WRITER: &str = "virtual-kubelet";
 
 /// Writes the pod's whole status as another controller would: `update pods/status` with the
 /// status `change` makes of the current one.
-async fn other_writer_replaces_status(
-    cluster: &RealCluster,
-    name: &str,
-    change: impl Fn(&mut Pod),
-) {
+async fn other_writer_replaces_status(cluster: &Cluster, name: &str, change: impl Fn(&mut Pod)) {
     let mut pod: Pod = cluster.pods().get(name).await.unwrap();
     change(&mut pod);
     let params = PostParams {
@@ -54,7 +49,7 @@ fn overwrites(text: &str, condition_type: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_or_changed_condition_is_written_back_and_the_other_writer_named() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let ProbedPod {
         pod,
         sidecar,
@@ -115,7 +110,7 @@ async fn a_removed_or_changed_condition_is_written_back_and_the_other_writer_nam
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_keeps_removing_a_condition_is_not_fought_in_a_hot_loop() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let ProbedPod {
         sidecar,
         metrics_port: port,

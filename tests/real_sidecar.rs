@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use podprobe::demo::{GamePort, serve_health};
 use serde_json::json;
-use support::real::{ProbedPod, RealCluster, SIDECAR_SA};
 use support::*;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -32,7 +31,7 @@ fn assert_kubelets_untouched(pod: &Pod, kubelet_conditions: &[PodCondition]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("idle");
     std::fs::write(&flag, "idle").unwrap();
     let mut game = GamePort::open(0).await.unwrap();
@@ -172,7 +171,7 @@ async fn conditions_follow_exec_tcp_and_http_probes_with_a_pod_bound_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_state_writes_nothing_and_a_transition_writes_once() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let flags: Vec<_> = (0..3)
         .map(|i| {
             let f = cluster.dir.path().join(format!("flag-{i}"));
@@ -243,7 +242,7 @@ async fn steady_state_writes_nothing_and_a_transition_writes_once() {
 async fn the_apiserver_refuses_a_whole_status_patch_for_one_unqualified_condition_type() {
     // The premise of the next test, shown on the real server: one condition type that is not
     // a qualified name makes kube-apiserver reject every condition of the patch with 422.
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     cluster.create_pod("premise", "[]", json!([])).await;
     let patch = json!({"status": {"conditions": [
         {"type": "game.kruise.io/fine", "status": "True"},
@@ -277,7 +276,7 @@ async fn the_apiserver_refuses_a_whole_status_patch_for_one_unqualified_conditio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_with_an_unqualified_condition_type_is_invalid_and_holds_back_nothing() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[
@@ -316,7 +315,7 @@ async fn a_probe_with_an_unqualified_condition_type_is_invalid_and_holds_back_no
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_same_named_replacement_pod_is_never_written() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
@@ -352,7 +351,7 @@ async fn a_same_named_replacement_pod_is_never_written() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pods_token_stops_working_and_the_sidecar_says_why() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
@@ -387,7 +386,7 @@ async fn a_deleted_pods_token_stops_working_and_the_sidecar_says_why() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_is_a_404_to_a_token_not_bound_to_it_and_the_sidecar_says_why() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
@@ -410,7 +409,7 @@ async fn a_deleted_pod_is_a_404_to_a_token_not_bound_to_it_and_the_sidecar_says_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_its_pod_is_deleted_the_sidecar_idles_unready_until_sigterm() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let ProbedPod {
         mut sidecar,
         metrics_port: port,
@@ -444,7 +443,7 @@ async fn after_its_pod_is_deleted_the_sidecar_idles_unready_until_sigterm() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminating_pod_is_no_longer_probed_and_sigterm_exits_0() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let ProbedPod {
         mut sidecar,
         metrics_port: port,
@@ -484,7 +483,7 @@ async fn a_terminating_pod_is_no_longer_probed_and_sigterm_exits_0() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_patch_rights_the_sidecar_explains_the_403_and_keeps_probing() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     // An account that may read pods but not write their status.
     cluster
         .cp
@@ -559,7 +558,7 @@ async fn without_patch_rights_the_sidecar_explains_the_403_and_keeps_probing() {
 async fn each_transition_is_one_status_patch_as_the_apiserver_counts_it() {
     const TRANSITIONS: u64 = 20;
     const EVENT_BURST: usize = 5;
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
     let pod = cluster

@@ -15,7 +15,6 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::real::{RealCluster, SIDECAR_SA};
 use support::*;
 use testkit::real::VIRTUAL_NODE_NAME;
 use testkit::real::virtual_kubelet::{Provider, VIRTUAL_KUBELET_USER, VirtualKubelet};
@@ -40,7 +39,7 @@ fn pod_on(name: &str, node: &str, probes: &str) -> Pod {
 }
 
 /// Creates `pod` and waits until the library reports it Running.
-async fn run_on_agent(cluster: &RealCluster, pod: &Pod) -> Pod {
+async fn run_on_agent(cluster: &Cluster, pod: &Pod) -> Pod {
     cluster
         .pods()
         .create(&PostParams::default(), pod)
@@ -54,7 +53,7 @@ async fn run_on_agent(cluster: &RealCluster, pod: &Pod) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_follow_the_probe_on_a_virtual_kubelet_node() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let vk = VirtualKubelet::start(&cluster.cp)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -124,7 +123,7 @@ async fn conditions_follow_the_probe_on_a_virtual_kubelet_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_provider_that_replaces_the_status_a_new_result_is_written_back_after_each_overwrite()
  {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let vk = VirtualKubelet::start_node(&cluster.cp, REPLACER, Provider::Replacer)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -200,7 +199,7 @@ async fn under_a_provider_that_replaces_the_status_a_new_result_is_written_back_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_back_brings_the_pods_other_overwritten_conditions_with_it() {
     const STEADY: &str = "game.kruise.io/steady";
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let _vk = VirtualKubelet::start_node(&cluster.cp, REPLACER, Provider::Replacer)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -247,7 +246,7 @@ async fn a_write_back_brings_the_pods_other_overwritten_conditions_with_it() {
 /// Times condition `condition_type` appeared (true) or went (false) in a watch of pod `name`,
 /// from its first appearance, until `count` changes.
 async fn presence_changes(
-    cluster: &RealCluster,
+    cluster: &Cluster,
     name: &str,
     condition_type: &str,
     count: usize,
@@ -286,7 +285,7 @@ struct StatusWrites {
 }
 
 /// Pod `name`'s status writes by the node agent and by the sidecar, from the audit log.
-fn status_writes(cluster: &RealCluster, name: &str) -> StatusWrites {
+fn status_writes(cluster: &Cluster, name: &str) -> StatusWrites {
     let mut writes = StatusWrites::default();
     for e in cluster.cp.audit().expect("audit log") {
         if e.user.username == VIRTUAL_KUBELET_USER && e.is("update", "pods/status", Some(name)) {
@@ -300,7 +299,7 @@ fn status_writes(cluster: &RealCluster, name: &str) -> StatusWrites {
 }
 
 /// The pod status writes the virtual-kubelet made, as the apiserver's audit log has them.
-fn library_status_writes(cluster: &RealCluster) -> usize {
+fn library_status_writes(cluster: &Cluster) -> usize {
     status_writes(cluster, "gs-0").provider
 }
 
@@ -313,7 +312,7 @@ fn library_status_writes(cluster: &RealCluster) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kruise_marks_through_the_virtual_kubelet_library() {
     use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let mut cluster = RealCluster::start().await;
+    let mut cluster = Cluster::start().await;
     cluster
         .cp
         .start_kruise_manager()

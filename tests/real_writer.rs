@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use podprobe::condition::writer::{ApiserverAnswered, ConditionWriter, WriterConfig};
 use podprobe::metrics::Metrics;
 use serde_json::json;
-use support::real::RealCluster;
 use support::*;
 use tokio::sync::watch;
 
@@ -26,7 +25,7 @@ struct Writing {
     _task: tokio::task::JoinHandle<()>,
 }
 
-async fn writer_for_new_pod(cluster: &RealCluster) -> Writing {
+async fn writer_for_new_pod(cluster: &Cluster) -> Writing {
     let pod = cluster.create_pod("w", "[]", json!([])).await;
     let (uid_tx, uid) = watch::channel(pod.metadata.uid.clone());
     let config = WriterConfig {
@@ -63,7 +62,7 @@ fn cond(type_: &str, status: &str) -> PodCondition {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_condition_holds_back_nothing_before_or_after() {
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let writing = writer_for_new_pod(&cluster).await;
     let (writer, metrics) = (&writing.writer, &writing.metrics);
 
@@ -118,7 +117,7 @@ async fn a_refused_prune_holds_back_nothing_and_is_not_retried() {
     use kube::Api;
     use kube::api::{Patch, PatchParams, PostParams};
 
-    let cluster = RealCluster::start().await;
+    let cluster = Cluster::start().await;
     let writing = writer_for_new_pod(&cluster).await;
     let writer = &writing.writer;
     writer.submit(cond("game.kruise.io/kept", "True"));

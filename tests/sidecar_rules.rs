@@ -1,27 +1,16 @@
 //! Contract rules of `podprobe run` beyond the basic loop (§5 events and refresh, §2 pruning,
-//! §3 terminating pods, §5 error explanations): the real binary against testkit.
+//! §5 error explanations): the real binary against the real kube-apiserver behind the fault
+//! proxy. §3, terminating pods, is `real_sidecar.rs`.
 
 mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use support::*;
 use testkit::Fault;
 
 const LIMIT: Duration = Duration::from_secs(30);
-
-/// Event writes (creates) whose body names `reason`.
-fn events_with(cluster: &Cluster, reason: &str) -> usize {
-    cluster
-        .api
-        .journal()
-        .matching("POST", "events")
-        .iter()
-        .filter(|e| e.body.contains(reason))
-        .count()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_on_transitions_only_and_off_with_events_false() {
@@ -29,14 +18,16 @@ async fn events_on_transitions_only_and_off_with_events_false() {
         let cluster = Cluster::start().await;
         let flag = cluster.dir.path().join("flag");
         std::fs::write(&flag, "up").unwrap();
-        cluster.create_pod("gs-e", &array(&[file_probe("p", "c/p", &flag)]), json!([]));
+        let pod = cluster
+            .create_pod("gs-e", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+            .await;
         let port = free_port();
         let metrics_addr = format!("127.0.0.1:{port}");
         let mut args = vec!["--metrics-addr", metrics_addr.as_str()];
         if !events {
             args.push("--events=false");
         }
-        let _sidecar = cluster.sidecar("gs-e", &args);
+        let _sidecar = cluster.sidecar(&pod, &args).await;
         cluster
             .wait_pod("gs-e", LIMIT, |p| has_status(p, "c/p", "True"))
             .await;
@@ -49,7 +40,7 @@ async fn events_on_transitions_only_and_off_with_events_false() {
         wait_attempts(port, "c/p", seen + 5).await;
         let expected = usize::from(events);
         let wait = async {
-            while events_with(&cluster, "KruiseProbeFailed") < expected {
+            while cluster.events_sent("KruiseProbeFailed") < expected {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         };
@@ -57,12 +48,12 @@ async fn events_on_transitions_only_and_off_with_events_false() {
             .await
             .expect("the Failed event");
         assert_eq!(
-            events_with(&cluster, "KruiseProbeSucceeded"),
+            cluster.events_sent("KruiseProbeSucceeded"),
             expected,
             "events={events}"
         );
         assert_eq!(
-            events_with(&cluster, "KruiseProbeFailed"),
+            cluster.events_sent("KruiseProbeFailed"),
             expected,
             "events={events}"
         );
@@ -74,8 +65,10 @@ async fn refresh_interval_moves_only_last_probe_time() {
     let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
-    cluster.create_pod("gs-h", &array(&[file_probe("p", "c/p", &flag)]), json!([]));
-    let _sidecar = cluster.sidecar("gs-h", &["--refresh-interval", "2s"]);
+    let pod = cluster
+        .create_pod("gs-h", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
+    let _sidecar = cluster.sidecar(&pod, &["--refresh-interval", "2s"]).await;
     let pod = cluster
         .wait_pod("gs-h", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
@@ -107,14 +100,16 @@ async fn prune_conditions_deletes_only_removed_probes_conditions() {
     std::fs::write(&a, "a").unwrap();
     std::fs::write(&b, "b").unwrap();
     let both = array(&[file_probe("a", "c/a", &a), file_probe("b", "c/b", &b)]);
-    cluster.create_pod("gs-p", &both, json!([]));
-    let _sidecar = cluster.sidecar("gs-p", &["--prune-conditions"]);
+    let pod = cluster.create_pod("gs-p", &both, json!([])).await;
+    let _sidecar = cluster.sidecar(&pod, &["--prune-conditions"]).await;
     cluster
         .wait_pod("gs-p", LIMIT, |p| {
             has_status(p, "c/a", "True") && has_status(p, "c/b", "True")
         })
         .await;
-    cluster.set_annotation("gs-p", &array(&[file_probe("b", "c/b", &b)]));
+    cluster
+        .set_annotation("gs-p", &array(&[file_probe("b", "c/b", &b)]))
+        .await;
     let pod = cluster
         .wait_pod("gs-p", LIMIT, |p| condition(p, "c/a").is_none())
         .await;
@@ -126,57 +121,14 @@ async fn prune_conditions_deletes_only_removed_probes_conditions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_terminating_pod_is_no_longer_probed_and_sigterm_exits_0() {
-    let cluster = Cluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    cluster.create_pod("gs-d", &array(&[file_probe("p", "c/p", &flag)]), json!([]));
-    let port = free_port();
-    let mut sidecar = cluster.sidecar("gs-d", &["--metrics-addr", &format!("127.0.0.1:{port}")]);
-    cluster
-        .wait_pod("gs-d", LIMIT, |p| has_status(p, "c/p", "True"))
-        .await;
-
-    // A graceful delete: the pod stays with a deletionTimestamp until the kubelet finishes.
-    cluster
-        .pods()
-        .delete("gs-d", &kube::api::DeleteParams::default())
-        .await
-        .unwrap();
-    sidecar
-        .wait_log("stopped probing: the pod is terminating", LIMIT)
-        .await;
-    let frozen = attempts(port, "c/p").await;
-    let writes = cluster.status_patches();
-    std::fs::remove_file(&flag).unwrap();
-    // Absence over time can only be observed by letting time pass: 3 periods.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        attempts(port, "c/p").await,
-        frozen,
-        "no attempts after termination began"
-    );
-    assert_eq!(
-        cluster.status_patches(),
-        writes,
-        "conditions left as they are"
-    );
-    let pod: Pod = cluster.pods().get("gs-d").await.unwrap();
-    assert!(has_status(&pod, "c/p", "True"));
-
-    let status = sidecar
-        .terminate(Duration::from_secs(5))
-        .expect("exited after SIGTERM");
-    assert!(status.success(), "{status:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_writes_are_explained_and_retried() {
     let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
-    cluster.create_pod("gs-x", &array(&[file_probe("p", "c/p", &flag)]), json!([]));
-    let faults = cluster.api.faults();
+    let pod = cluster
+        .create_pod("gs-x", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
+    let faults = cluster.proxy.faults();
     faults.add(
         Fault::status(403)
             .method("PATCH")
@@ -195,7 +147,7 @@ async fn refused_writes_are_explained_and_retried() {
             .path_contains("/status")
             .times(1),
     );
-    let sidecar = cluster.sidecar("gs-x", &[]);
+    let sidecar = cluster.sidecar(&pod, &[]).await;
     cluster
         .wait_pod("gs-x", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;

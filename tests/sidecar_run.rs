@@ -1,6 +1,6 @@
-//! `podprobe run`, the real binary, against testkit's API server and real local targets: what a
-//! real apiserver cannot do on demand (faults) and the sidecar's own sources and lifecycle. The
-//! write path as kube-apiserver answers it is `real_sidecar.rs`.
+//! `podprobe run`, the real binary, against the real kube-apiserver behind the fault proxy and
+//! real local targets: faults (statuses, resets, ended watches, an outage) and the sidecar's
+//! own sources and lifecycle. The write path as kube-apiserver counts it is `real_sidecar.rs`.
 
 mod support;
 
@@ -19,22 +19,24 @@ async fn faults_never_lose_or_reorder_results() {
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "v0").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
-    cluster.create_pod("gs-f", &annotation, json!([]));
+    let pod = cluster.create_pod("gs-f", &annotation, json!([])).await;
     let port = free_port();
-    let _sidecar = cluster.sidecar(
-        "gs-f",
-        &[
-            "--coalesce-window",
-            "50ms",
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-        ],
-    );
+    let _sidecar = cluster
+        .sidecar(
+            &pod,
+            &[
+                "--coalesce-window",
+                "50ms",
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+            ],
+        )
+        .await;
     cluster
         .wait_pod("gs-f", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
 
-    let faults = cluster.api.faults();
+    let faults = cluster.proxy.faults();
     faults.add(
         Fault::status(500)
             .method("PATCH")
@@ -61,13 +63,13 @@ async fn faults_never_lose_or_reorder_results() {
         .await;
 
     // The apiserver goes away for a while; the probe flips twice meanwhile.
-    cluster.api.stop().await;
+    cluster.proxy.stop().await;
     std::fs::write(&flag, "v2").unwrap();
     // Let the sidecar probe v2 (and fail to write it) a few times before the next change.
     let seen = attempts(port, "c/p").await;
     wait_attempts(port, "c/p", seen + 3).await;
     std::fs::write(&flag, "v3").unwrap();
-    cluster.api.restart().await.unwrap();
+    cluster.proxy.restart().await.unwrap();
     let pod = cluster
         .wait_pod("gs-f", Duration::from_secs(90), |p| {
             condition(p, "c/p")
@@ -80,10 +82,11 @@ async fn faults_never_lose_or_reorder_results() {
     );
 
     // Successful writes of c/p only ever moved forward through the states the probe had. The
-    // server journals a write just after watchers can see it: wait for the last one's entry.
+    // proxy journals a write once the apiserver answers it, which can be after watchers saw
+    // it: wait for the last one's entry.
     let written = || -> Vec<String> {
         cluster
-            .api
+            .proxy
             .journal()
             .matching("PATCH", "pods/status")
             .iter()
@@ -131,17 +134,21 @@ async fn live_annotation_changes_take_effect_without_restart() {
     let b = cluster.dir.path().join("b");
     std::fs::write(&a, "a-up").unwrap();
     std::fs::write(&b, "b-up").unwrap();
-    cluster.create_pod("gs-l", &array(&[file_probe("a", "c/a", &a)]), json!([]));
-    let sidecar = cluster.sidecar("gs-l", &[]);
+    let pod = cluster
+        .create_pod("gs-l", &array(&[file_probe("a", "c/a", &a)]), json!([]))
+        .await;
+    let sidecar = cluster.sidecar(&pod, &[]).await;
     cluster
         .wait_pod("gs-l", LIMIT, |p| has_status(p, "c/a", "True"))
         .await;
 
     // Added.
-    cluster.set_annotation(
-        "gs-l",
-        &array(&[file_probe("a", "c/a", &a), file_probe("b", "c/b", &b)]),
-    );
+    cluster
+        .set_annotation(
+            "gs-l",
+            &array(&[file_probe("a", "c/a", &a), file_probe("b", "c/b", &b)]),
+        )
+        .await;
     cluster
         .wait_pod("gs-l", LIMIT, |p| has_status(p, "c/b", "True"))
         .await;
@@ -151,10 +158,12 @@ async fn live_annotation_changes_take_effect_without_restart() {
         "probe": {"exec": {"command": ["sh", "-c", "echo edited >&2; exit 3"]}, "periodSeconds": 1},
         "podConditionType": "c/b"})
     .to_string();
-    cluster.set_annotation(
-        "gs-l",
-        &array(&[file_probe("a", "c/a", &a), edited.clone()]),
-    );
+    cluster
+        .set_annotation(
+            "gs-l",
+            &array(&[file_probe("a", "c/a", &a), edited.clone()]),
+        )
+        .await;
     let pod = cluster
         .wait_pod("gs-l", LIMIT, |p| has_status(p, "c/b", "False"))
         .await;
@@ -164,7 +173,9 @@ async fn live_annotation_changes_take_effect_without_restart() {
     );
 
     // Removed: c/a stops being probed and its condition is left as it was.
-    cluster.set_annotation("gs-l", &array(std::slice::from_ref(&edited)));
+    cluster
+        .set_annotation("gs-l", &array(std::slice::from_ref(&edited)))
+        .await;
     let stopped = async {
         while !sidecar.log().contains(r#"stopped=["c/a"]"#) {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -178,10 +189,10 @@ async fn live_annotation_changes_take_effect_without_restart() {
     assert!(has_status(&pod, "c/a", "True"));
 
     // Invalid JSON: the last good set (c/b failing) keeps running; a warning event is emitted.
-    cluster.set_annotation("gs-l", "[{not json");
+    cluster.set_annotation("gs-l", "[{not json").await;
     let warned = async {
         loop {
-            let events = cluster.api.journal().matching("POST", "events");
+            let events = cluster.proxy.journal().matching("POST", "events");
             if events.iter().any(|e| e.body.contains("PodProbeInvalid")) {
                 return;
             }
@@ -195,7 +206,7 @@ async fn live_annotation_changes_take_effect_without_restart() {
         "probe": {"exec": {"command": ["sh", "-c", "echo fixed"]}, "periodSeconds": 1},
         "podConditionType": "c/b"})
     .to_string();
-    cluster.set_annotation("gs-l", &array(&[ok, r#"{"name":"bad","containerName":"main","probe":{"tcpSocket":{"port":70000}},"podConditionType":"c/bad"}"#.to_owned()]));
+    cluster.set_annotation("gs-l", &array(&[ok, r#"{"name":"bad","containerName":"main","probe":{"tcpSocket":{"port":70000}},"podConditionType":"c/bad"}"#.to_owned()])).await;
     let pod = cluster
         .wait_pod("gs-l", LIMIT, |p| has_status(p, "c/b", "True"))
         .await;
@@ -218,19 +229,26 @@ async fn container_not_running_and_restarted() {
         "probe": {"exec": {"command": ["echo", "alive"]}, "periodSeconds": 1, "initialDelaySeconds": 3},
         "podConditionType": "c/p"})
     .to_string()]);
-    cluster.create_pod("gs-c", &annotation, json!([]));
-    let _sidecar = cluster.sidecar("gs-c", &[]);
+    let pod = cluster.create_pod("gs-c", &annotation, json!([])).await;
+    let _sidecar = cluster.sidecar(&pod, &[]).await;
     cluster
         .wait_pod("gs-c", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
 
+    // The kubelet reports container `main` terminated (a whole-status update, as it writes one).
+    let mut pod = cluster.pods().get_status("gs-c").await.unwrap();
+    let main = &mut pod
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[0];
+    main.state = Some(serde_json::from_value(json!({"terminated": {"exitCode": 1}})).unwrap());
     cluster
-        .api
-        .update_pod_status(NS, "gs-c", |status| {
-            let main = &mut status.container_statuses.as_mut().unwrap()[0];
-            main.state =
-                Some(serde_json::from_value(json!({"terminated": {"exitCode": 1}})).unwrap());
-        })
+        .pods()
+        .replace_status("gs-c", &Default::default(), &pod)
+        .await
         .unwrap();
     let pod = cluster
         .wait_pod("gs-c", LIMIT, |p| has_status(p, "c/p", "False"))
@@ -243,7 +261,9 @@ async fn container_not_running_and_restarted() {
     // A new container started just now: Unknown "container restarted" first, then, after its
     // initial delay, the new container's result.
     let restarted_at = jiff::Timestamp::now();
-    cluster.kubelet_reports_started("gs-c", "containerd://main-2", restarted_at);
+    cluster
+        .kubelet_reports_started("gs-c", "containerd://main-2", restarted_at)
+        .await;
     let pod = cluster
         .wait_pod("gs-c", LIMIT, |p| has_status(p, "c/p", "Unknown"))
         .await;
@@ -270,7 +290,7 @@ async fn container_not_running_and_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_source_follows_atomic_data_swaps() {
     let cluster = Cluster::start().await;
-    let pod = cluster.create_pod("gs-file", "[]", json!([]));
+    let pod = cluster.create_pod("gs-file", "[]", json!([])).await;
     let uid = pod.metadata.uid.clone().unwrap();
     // The kubelet's layout: annotations -> ..data/annotations, ..data -> ..<timestamp>/
     let dir = cluster.dir.path().join("podinfo");
@@ -299,21 +319,23 @@ async fn file_source_follows_atomic_data_swaps() {
     let file = dir.join("annotations");
     let port = free_port();
     let metrics_addr = format!("127.0.0.1:{port}");
-    let _sidecar = cluster.sidecar(
-        "gs-file",
-        &[
-            "--source",
-            "file",
-            "--annotations-file",
-            file.to_str().unwrap(),
-            "--pod-uid",
-            &uid,
-            "--file-poll-interval",
-            "1h",
-            "--metrics-addr",
-            &metrics_addr,
-        ],
-    );
+    let _sidecar = cluster
+        .sidecar(
+            &pod,
+            &[
+                "--source",
+                "file",
+                "--annotations-file",
+                file.to_str().unwrap(),
+                "--pod-uid",
+                &uid,
+                "--file-poll-interval",
+                "1h",
+                "--metrics-addr",
+                &metrics_addr,
+            ],
+        )
+        .await;
     cluster
         .wait_pod("gs-file", LIMIT, |p| has_status(p, "c/one", "True"))
         .await;
@@ -344,17 +366,21 @@ async fn sigterm_flushes_a_pending_write_and_exits_0() {
     let cluster = Cluster::start().await;
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
-    cluster.create_pod("gs-t", &array(&[file_probe("p", "c/p", &flag)]), json!([]));
+    let pod = cluster
+        .create_pod("gs-t", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
     let port = free_port();
-    let mut sidecar = cluster.sidecar(
-        "gs-t",
-        &[
-            "--coalesce-window",
-            "700ms",
-            "--metrics-addr",
-            &format!("127.0.0.1:{port}"),
-        ],
-    );
+    let mut sidecar = cluster
+        .sidecar(
+            &pod,
+            &[
+                "--coalesce-window",
+                "700ms",
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+            ],
+        )
+        .await;
     cluster
         .wait_pod("gs-t", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;

@@ -1,5 +1,5 @@
-//! A cluster for the sidecar's tests: testkit's API server, a namespace, pods with the statuses a
-//! kubelet would report, and the real `podprobe run` binary pointed at it.
+//! The sidecar's tests' support: the cluster (a real control plane, [`cluster`]), the pods they
+//! create with the statuses a kubelet would report, the real `podprobe run` binary, and waits.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -9,91 +9,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use kube::Api;
 use serde_json::{Value, json};
-use testkit::ApiServer;
 
 pub const NS: &str = "games";
 
-pub mod real;
-
-pub struct Cluster {
-    pub api: ApiServer,
-    pub dir: tempfile::TempDir,
-    pub kubeconfig: PathBuf,
-}
-
-impl Cluster {
-    pub async fn start() -> Cluster {
-        let api = ApiServer::start().await.expect("start testkit");
-        api.create_namespace(NS).expect("namespace");
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig).unwrap();
-        Cluster {
-            api,
-            dir,
-            kubeconfig,
-        }
-    }
-
-    pub fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.api.client(), NS)
-    }
-
-    /// Creates a running pod whose container `main` (ports as given) has started long ago, with
-    /// the kubelet's own conditions, and the annotation.
-    pub fn create_pod(&self, name: &str, annotation: &str, ports: Value) -> Pod {
-        self.api
-            .create(&game_pod(name, annotation, ports))
-            .expect("create pod");
-        self.kubelet_reports_running(name, "containerd://main-1")
-    }
-
-    /// What the kubelet would write for a running pod: IP, phase, container statuses and its
-    /// four conditions.
-    pub fn kubelet_reports_running(&self, name: &str, container_id: &str) -> Pod {
-        self.kubelet_reports_started(name, container_id, long_ago())
-    }
-
-    /// As [`kubelet_reports_running`](Self::kubelet_reports_running), with container `main`
-    /// started at `started_at`.
-    pub fn kubelet_reports_started(
-        &self,
-        name: &str,
-        container_id: &str,
-        started_at: jiff::Timestamp,
-    ) -> Pod {
-        self.api
-            .update_pod_status(NS, name, |status| {
-                *status = running_status(container_id, started_at);
-            })
-            .expect("update status")
-    }
-
-    pub fn set_annotation(&self, name: &str, annotation: &str) {
-        self.api
-            .modify::<Pod>(NS, name, |pod| {
-                pod.metadata
-                    .annotations
-                    .get_or_insert_default()
-                    .insert("kruise.io/podprobe".into(), annotation.into());
-            })
-            .expect("set annotation");
-    }
-
-    /// Starts `podprobe run` for pod `name` with `extra` flags, as the admin.
-    pub fn sidecar(&self, name: &str, extra: &[&str]) -> Sidecar {
-        start_sidecar(self.dir.path(), &self.kubeconfig, name, extra)
-    }
-
-    /// Waits (watching the pod, up to `limit`) until `check` holds for it.
-    pub async fn wait_pod(&self, name: &str, limit: Duration, check: impl Fn(&Pod) -> bool) -> Pod {
-        wait_for_pod(&self.pods(), name, limit, check).await
-    }
-
-    pub fn status_patches(&self) -> usize {
-        self.api.journal().count("PATCH", "pods/status")
-    }
-}
+pub mod cluster;
+#[allow(unused_imports)]
+pub use cluster::{Cluster, ProbedPod, SIDECAR_SA};
 
 /// A pod in [`NS`] with the game container `main` (ports as given) and the sidecar, on node
 /// `vk-1`, carrying `annotation`.

@@ -1,7 +1,10 @@
 //! The sidecar's cluster on a real kube-apiserver (testkit::real): the namespace, the sidecar's
 //! ServiceAccount, Role and RoleBinding exactly as `examples/sidecar-by-hand.yaml` declares
 //! them, pods whose status the test writes as the kubelet would, and `podprobe run` with a
-//! pod-bound service-account token, as in a real pod.
+//! pod-bound service-account token, as in a real pod. Every sidecar reaches the apiserver
+//! through the cluster's fault proxy (TLS, the control plane's CA): a test injects faults and
+//! reads the sidecar's requests there ([`Cluster::proxy`]); the test's own requests go to the
+//! apiserver directly.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,14 +14,14 @@ use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use testkit::real::{AuditEvent, ControlPlane};
+use testkit::real::{AuditEvent, ClientSide, ControlPlane, FaultProxy};
 
 use super::{NS, Sidecar, game_pod, long_ago, running_status, start_sidecar, wait_for_pod};
 
 /// The sidecar's ServiceAccount in `examples/sidecar-by-hand.yaml`.
 pub const SIDECAR_SA: &str = "podprobe-sidecar";
 
-/// What [`RealCluster::probed_pod`] set up.
+/// What [`Cluster::probed_pod`] set up.
 pub struct ProbedPod {
     /// The pod once its condition was `True`.
     pub pod: Pod,
@@ -28,23 +31,54 @@ pub struct ProbedPod {
     pub flag: PathBuf,
 }
 
-pub struct RealCluster {
+pub struct Cluster {
+    /// In front of the apiserver for every sidecar; dropped before the control plane.
+    pub proxy: FaultProxy,
     pub cp: ControlPlane,
     pub dir: tempfile::TempDir,
 }
 
-impl RealCluster {
-    /// A control plane with namespace [`NS`] and the by-hand example's sidecar RBAC.
-    pub async fn start() -> RealCluster {
+impl Cluster {
+    /// A control plane with namespace [`NS`], the by-hand example's sidecar RBAC and the fault
+    /// proxy.
+    pub async fn start() -> Cluster {
         let cp = ControlPlane::start()
             .await
             .unwrap_or_else(|e| panic!("real control plane: {e}"));
         cp.create_namespace(NS).await.expect("namespace");
         apply_sidecar_rbac(&cp).await;
-        RealCluster {
+        let proxy = FaultProxy::start_with(&cp, ClientSide::Tls)
+            .await
+            .expect("fault proxy");
+        Cluster {
+            proxy,
             cp,
             dir: tempfile::tempdir().unwrap(),
         }
+    }
+
+    /// Replaces pod `name`'s `kruise.io/podprobe` annotation, as the admin.
+    pub async fn set_annotation(&self, name: &str, annotation: &str) {
+        let patch = json!({"metadata": {"annotations": {"kruise.io/podprobe": annotation}}});
+        self.pods()
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .expect("set the annotation");
+    }
+
+    /// The status writes the sidecars sent through the proxy so far (answered or not).
+    pub fn status_patches(&self) -> usize {
+        self.proxy.journal().count("PATCH", "pods/status")
+    }
+
+    /// Event creates through the proxy whose body names `reason`.
+    pub fn events_sent(&self, reason: &str) -> usize {
+        self.proxy
+            .journal()
+            .matching("POST", "events")
+            .iter()
+            .filter(|e| e.body.contains(reason))
+            .count()
     }
 
     /// Pods, as the admin.
@@ -183,9 +217,10 @@ impl RealCluster {
         path
     }
 
+    /// A kubeconfig for the proxy, authenticating with `token`.
     fn kubeconfig_for(&self, name: &str, token: &str) -> PathBuf {
         let path = unique(self.dir.path(), name, "kubeconfig");
-        self.cp
+        self.proxy
             .write_kubeconfig_for_token(&path, token)
             .expect("kubeconfig");
         path
