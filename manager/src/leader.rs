@@ -230,37 +230,41 @@ impl Elector {
 
 #[cfg(test)]
 mod tests {
-    //! Against testkit's Lease storage (resourceVersion conflicts included). The expiry is
-    //! measured on the candidate's `Instant` of its last observed change; the tests move that
-    //! observation back instead of waiting, which is what the passing of time does to it.
+    //! Against a real kube-apiserver's Lease storage (resourceVersion conflicts included). The
+    //! expiry is measured on the candidate's `Instant` of its last observed change; the tests
+    //! move that observation back instead of waiting, which is what the passing of time does
+    //! to it.
 
     use super::*;
-    use testkit::ApiServer;
+    use testkit::real::ControlPlane;
 
     const NS: &str = "podprobe-system";
 
-    async fn server() -> ApiServer {
-        let api = ApiServer::start().await.unwrap();
-        api.create_namespace(NS).unwrap();
-        api
+    async fn server() -> ControlPlane {
+        let cp = ControlPlane::start().await.expect("a control plane");
+        cp.create_namespace(NS).await.expect("the namespace");
+        cp
     }
 
-    fn elector(api: &ApiServer, identity: &str, lease: Duration) -> Elector {
+    fn elector(cp: &ControlPlane, identity: &str, lease: Duration) -> Elector {
         Elector::new(
-            api.client(),
+            cp.client(),
             LeaseConfig::new(NS, "podprobe-manager", identity, lease),
         )
     }
 
-    fn spec(api: &ApiServer) -> LeaseSpec {
-        api.get::<Lease>(NS, "podprobe-manager")
+    async fn spec(cp: &ControlPlane) -> LeaseSpec {
+        Api::<Lease>::namespaced(cp.client(), NS)
+            .get("podprobe-manager")
+            .await
             .expect("the lease exists")
             .spec
             .unwrap_or_default()
     }
 
-    fn held_by(api: &ApiServer, holder: &str, transitions: i32, seconds: i32) {
-        api.set_object(&Lease {
+    /// Creates the lease as held by `holder` (released when empty), renewed just now.
+    async fn held_by(cp: &ControlPlane, holder: &str, transitions: i32, seconds: i32) {
+        let lease = Lease {
             metadata: ObjectMeta {
                 name: Some("podprobe-manager".into()),
                 namespace: Some(NS.into()),
@@ -274,8 +278,11 @@ mod tests {
                 lease_transitions: Some(transitions),
                 ..Default::default()
             }),
-        })
-        .unwrap();
+        };
+        Api::<Lease>::namespaced(cp.client(), NS)
+            .create(&PostParams::default(), &lease)
+            .await
+            .expect("create the lease");
     }
 
     /// What the passing of `d` does to the candidate's view of the record.
@@ -289,7 +296,7 @@ mod tests {
         let api = server().await;
         let mut a = elector(&api, "a", Duration::from_secs(15));
         assert!(a.try_acquire_or_renew().await.unwrap());
-        let s = spec(&api);
+        let s = spec(&api).await;
         assert_eq!(s.holder_identity.as_deref(), Some("a"));
         assert_eq!(s.lease_duration_seconds, Some(15));
         assert_eq!(s.lease_transitions, Some(0));
@@ -299,10 +306,10 @@ mod tests {
     #[tokio::test]
     async fn acquires_a_released_lease() {
         let api = server().await;
-        held_by(&api, "", 2, 1);
+        held_by(&api, "", 2, 1).await;
         let mut a = elector(&api, "a", Duration::from_secs(15));
         assert!(a.try_acquire_or_renew().await.unwrap());
-        let s = spec(&api);
+        let s = spec(&api).await;
         assert_eq!(s.holder_identity.as_deref(), Some("a"));
         assert_eq!(s.lease_transitions, Some(3));
         assert_eq!(s.lease_duration_seconds, Some(15));
@@ -313,10 +320,10 @@ mod tests {
         let api = server().await;
         let mut a = elector(&api, "a", Duration::from_secs(15));
         assert!(a.try_acquire_or_renew().await.unwrap());
-        let before = spec(&api);
+        let before = spec(&api).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert!(a.try_acquire_or_renew().await.unwrap());
-        let after = spec(&api);
+        let after = spec(&api).await;
         assert_eq!(after.holder_identity.as_deref(), Some("a"));
         assert!(after.renew_time.unwrap().0 > before.renew_time.unwrap().0);
         assert_eq!(
@@ -329,7 +336,7 @@ mod tests {
     #[tokio::test]
     async fn refuses_while_another_holders_lease_is_valid() {
         let api = server().await;
-        held_by(&api, "b", 0, 15);
+        held_by(&api, "b", 0, 15).await;
         let mut a = elector(&api, "a", Duration::from_secs(15));
         assert!(!a.try_acquire_or_renew().await.unwrap());
         age_observation(&mut a, Duration::from_secs(14));
@@ -337,7 +344,7 @@ mod tests {
             !a.try_acquire_or_renew().await.unwrap(),
             "14 s of 15 s: still valid"
         );
-        assert_eq!(spec(&api).holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec(&api).await.holder_identity.as_deref(), Some("b"));
         // The holder renews: the record changed, the candidate's wait starts over.
         tokio::time::sleep(Duration::from_millis(5)).await;
         let mut b = elector(&api, "b", Duration::from_secs(15));
@@ -345,13 +352,13 @@ mod tests {
         assert!(!a.try_acquire_or_renew().await.unwrap());
         age_observation(&mut a, Duration::from_secs(14));
         assert!(!a.try_acquire_or_renew().await.unwrap());
-        assert_eq!(spec(&api).holder_identity.as_deref(), Some("b"));
+        assert_eq!(spec(&api).await.holder_identity.as_deref(), Some("b"));
     }
 
     #[tokio::test]
     async fn takes_over_an_expired_lease() {
         let api = server().await;
-        held_by(&api, "b", 4, 15);
+        held_by(&api, "b", 4, 15).await;
         let mut a = elector(&api, "a", Duration::from_secs(10));
         assert!(!a.try_acquire_or_renew().await.unwrap());
         // The lease's own duration (15 s) counts, not the candidate's (10 s).
@@ -359,7 +366,7 @@ mod tests {
         assert!(!a.try_acquire_or_renew().await.unwrap());
         age_observation(&mut a, Duration::from_secs(4));
         assert!(a.try_acquire_or_renew().await.unwrap());
-        let s = spec(&api);
+        let s = spec(&api).await;
         assert_eq!(s.holder_identity.as_deref(), Some("a"));
         assert_eq!(s.lease_transitions, Some(5));
         assert_eq!(s.lease_duration_seconds, Some(10));
@@ -376,18 +383,18 @@ mod tests {
             .await
             .expect("leads within 5 s")
             .unwrap();
-        assert_eq!(spec(&api).holder_identity.as_deref(), Some("a"));
+        assert_eq!(spec(&api).await.holder_identity.as_deref(), Some("a"));
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await
             .expect("stops within 5 s")
             .unwrap();
         assert!(!*leading.borrow());
-        let s = spec(&api);
+        let s = spec(&api).await;
         assert_eq!(s.holder_identity, None, "released");
         // A successor takes it at once.
         let mut b = elector(&api, "b", Duration::from_secs(15));
         assert!(b.try_acquire_or_renew().await.unwrap());
-        assert_eq!(spec(&api).lease_transitions, Some(1));
+        assert_eq!(spec(&api).await.lease_transitions, Some(1));
     }
 }
