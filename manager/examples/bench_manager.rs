@@ -3,11 +3,13 @@
 //! 1. Webhook latency: AdmissionReviews for `/mutate-pods` (TV-03 PPM + injection, so every
 //!    answer carries a patch) at a fixed rate over keep-alive HTTPS connections, as the
 //!    apiserver sends them; p50/p99/max. Target p99 ≤ 5 ms.
-//! 2. Marker throughput: N serverless pods in testkit in steady state; flip one condition on
-//!    each as fast as the sidecars would, and time until every marker patch landed. Target
-//!    ≥ 2 000 changes/s, exactly one patch per change. Run for 500, 2 000, 5 000 and PODS
-//!    pods; the figures also go to `docs/perf/manager_markers.csv` (plotted by
-//!    `cargo run --example plot_perf`).
+//! 2. Marker throughput: N serverless pods on a real kube-apiserver (etcd, the chart's CRD; the
+//!    manager in-process, through the fault proxy that journals its patches) in steady state;
+//!    flip one condition on each as fast as the sidecars would (CONCURRENT_FLIPS at a time),
+//!    and time until every marker patch landed. Target ≥ 2 000 changes/s, exactly one patch
+//!    per change. Run for 500, 2 000, 5 000 and PODS pods; the figures also go to
+//!    `docs/perf/manager_markers.csv` (plotted by `cargo run --example plot_perf`). The
+//!    apiserver, etcd and the manager share this machine's cores.
 //!
 //! `cargo run --release -p podprobe-manager --example bench_manager [-- RATE SECONDS PODS]`
 
@@ -16,9 +18,12 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode};
 use support::*;
-use testkit::ApiServer;
+
+/// Pods created, and conditions flipped, at once: as many sidecars writing together.
+const CONCURRENT_FLIPS: usize = 32;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -32,9 +37,17 @@ async fn main() {
     let pods = support::bench_arg(3, 10_000) as usize;
 
     // ---- webhook latency ----
-    let api = tv03_cluster(100_000).await;
+    let cluster = Tv03Cluster::with_tv03().await;
     let dir = tempfile::tempdir().unwrap();
-    let s = start_manager(&api, dir.path(), Mode::Standalone, None, Some(injection())).await;
+    let client = cluster.manager_client();
+    let s = start_manager(
+        client,
+        dir.path(),
+        Mode::Standalone,
+        None,
+        Some(injection()),
+    )
+    .await;
     while s.manager.ppms.namespace("test").is_empty() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -88,6 +101,7 @@ async fn main() {
         lat.last().unwrap().as_secs_f64() * 1e3,
     );
     s.manager.shutdown().await;
+    drop(cluster);
 
     // ---- marker throughput, by number of pods ----
     let mut csv = String::from("pods,changes,seconds,changes_per_s,pod_patches\n");
@@ -109,28 +123,33 @@ async fn main() {
 /// `pods` serverless pods in steady state, one condition flipped on each: how long until every
 /// marker patch landed, and how many pod patches were sent.
 async fn marker_throughput(pods: usize, dir: &std::path::Path) -> (Duration, usize) {
-    let api = tv03_cluster(100_000).await;
-    for i in 0..pods {
-        api.set_object(&steady_pod(i, true)).unwrap();
-    }
-    let s = start_manager(&api, dir, Mode::Standalone, None, None).await;
+    let cluster = Tv03Cluster::with_tv03().await;
+    futures::stream::iter(0..pods)
+        .map(|i| cluster.create_steady_pod(i, true))
+        .buffer_unordered(CONCURRENT_FLIPS)
+        .collect::<Vec<_>>()
+        .await;
+    let s = start_manager(cluster.manager_client(), dir, Mode::Standalone, None, None).await;
     while s.manager.metrics.pod_reconciles.get() < pods as u64 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    api.journal().clear();
+    let journal = cluster.proxy.journal();
+    journal.clear();
     let t = Instant::now();
-    for i in 0..pods {
-        set_healthy(&api, &format!("gs-{i}"), false);
-    }
+    let names: Vec<String> = (0..pods).map(|i| format!("gs-{i}")).collect();
+    futures::stream::iter(&names)
+        .map(|name| cluster.set_healthy(name, false))
+        .buffer_unordered(CONCURRENT_FLIPS)
+        .collect::<Vec<_>>()
+        .await;
     let flipped = t.elapsed();
-    let done = api
-        .journal()
+    let done = journal
         .wait_for_count("PATCH", "pods", pods, Duration::from_secs(120))
         .await;
     let elapsed = t.elapsed();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let patches = api.journal().count("PATCH", "pods");
+    let patches = journal.count("PATCH", "pods");
     println!(
         "markers: {pods} condition changes (written in {:.2} s) handled in {:.2} s = {:.0} changes/s, {patches} pod patches{} (target >= 2000/s, one patch per change)",
         flipped.as_secs_f64(),
@@ -139,7 +158,7 @@ async fn marker_throughput(pods: usize, dir: &std::path::Path) -> (Duration, usi
         if done { "" } else { " (TIMED OUT)" },
     );
     if patches != pods {
-        report_extra_patches(&api);
+        report_extra_patches(journal);
     }
     s.manager.shutdown().await;
     (elapsed, patches)
@@ -148,8 +167,8 @@ async fn marker_throughput(pods: usize, dir: &std::path::Path) -> (Duration, usi
 /// The writes of the run other than pod patches (what else could have triggered reconciles),
 /// and every pod that got more than one patch: the bodies and answers, to tell a double write
 /// from a retry.
-fn report_extra_patches(api: &ApiServer) {
-    for e in api.journal().entries() {
+fn report_extra_patches(journal: &testkit::Journal) {
+    for e in journal.entries() {
         let pod_patch = e.method == "PATCH" && e.path.contains("/pods/");
         if e.method != "GET" && !pod_patch {
             println!(
@@ -160,7 +179,7 @@ fn report_extra_patches(api: &ApiServer) {
     }
     let mut by_pod: std::collections::BTreeMap<String, Vec<testkit::journal::Entry>> =
         Default::default();
-    for e in api.journal().matching("PATCH", "pods") {
+    for e in journal.matching("PATCH", "pods") {
         by_pod.entry(e.path.clone()).or_default().push(e);
     }
     for (path, entries) in by_pod.iter().filter(|(_, v)| v.len() > 1) {

@@ -1,8 +1,8 @@
-//! End to end without a cluster: testkit + the manager (in-process, real HTTPS webhook) + the
-//! real `podprobe` sidecar binary. A PodProbeMarker is created; a pod is admitted through the
-//! webhook and created as patched (annotated and injected); the kubelet's part is played with
-//! `update_pod_status`; the sidecar's probe flips and the marker label follows; the PPM is
-//! edited and the pod's probe changes; the PPM is deleted and the pod is cleaned up.
+//! End to end without a node: a real kube-apiserver + the manager (in-process, real HTTPS
+//! webhook) + the real `podprobe` sidecar binary. A PodProbeMarker is created; a pod is
+//! admitted through the webhook and created as patched (annotated and injected); the test
+//! writes the kubelet's status; the sidecar's probe flips and the marker label follows; the
+//! PPM is edited and the pod's probe changes; the PPM is deleted and the pod is cleaned up.
 
 mod support;
 
@@ -17,7 +17,6 @@ use podprobe_manager::crd::PodProbeMarker;
 use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode};
 use serde_json::{Value, json};
 use support::*;
-use testkit::ApiServer;
 
 fn flag_probe(flag: &Path) -> Value {
     let script = format!(
@@ -49,48 +48,50 @@ fn marker(flag: &Path) -> Value {
 }
 
 /// The kubelet's report for a running pod with the native sidecar.
-fn kubelet_runs(api: &ApiServer, name: &str) {
-    api.update_pod_status("test", name, |status| {
-        *status = serde_json::from_value(json!({
-            "phase": "Running",
-            "podIP": "127.0.0.1",
-            "conditions": [
-                {"type": "PodScheduled", "status": "True"},
-                {"type": "Initialized", "status": "True"},
-                {"type": "ContainersReady", "status": "True"},
-                {"type": "Ready", "status": "True"}
-            ],
-            "initContainerStatuses": [
-                {"name": "podprobe", "ready": true, "restartCount": 0, "image": "podprobe:dev",
-                 "imageID": "", "containerID": "containerd://sidecar", "started": true,
-                 "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
-            ],
-            "containerStatuses": [
-                {"name": "main", "ready": true, "restartCount": 0, "image": "game:1",
-                 "imageID": "", "containerID": "containerd://main-1", "started": true,
-                 "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
-            ]
-        }))
-        .unwrap();
-    })
-    .unwrap();
+async fn kubelet_runs(cluster: &Tv03Cluster, name: &str) {
+    let status = json!({
+        "phase": "Running",
+        "podIP": "127.0.0.1",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Initialized", "status": "True"},
+            {"type": "ContainersReady", "status": "True"},
+            {"type": "Ready", "status": "True"}
+        ],
+        "initContainerStatuses": [
+            {"name": "podprobe", "ready": true, "restartCount": 0, "image": "podprobe:dev",
+             "imageID": "", "containerID": "containerd://sidecar", "started": true,
+             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
+        ],
+        "containerStatuses": [
+            {"name": "main", "ready": true, "restartCount": 0, "image": "game:1",
+             "imageID": "", "containerID": "containerd://main-1", "started": true,
+             "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
+        ]
+    });
+    cluster.write_status(name, status).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     let bin = sidecar_binary();
-    let api = ApiServer::start().await.unwrap();
-    api.create_namespace("test").unwrap();
-    api.set_object(&vk_node("vk-1")).unwrap();
+    let cluster = Tv03Cluster::start().await;
     let dir = tempfile::tempdir().unwrap();
     let flag = dir.path().join("healthy");
     let flag2 = dir.path().join("healthy-v2");
-    let ppms: Api<PodProbeMarker> = Api::namespaced(api.client(), "test");
+    let ppms: Api<PodProbeMarker> = cluster.ppms();
     ppms.create(&Default::default(), &ppm(&marker(&flag)))
         .await
         .unwrap();
 
-    let s = start_manager(&api, dir.path(), Mode::Standalone, None, Some(injection())).await;
+    let s = start_manager(
+        cluster.manager_client(),
+        dir.path(),
+        Mode::Standalone,
+        None,
+        Some(injection()),
+    )
+    .await;
     let cache = s.manager.ppms.clone();
     eventually(Duration::from_secs(10), "PPM cached", || {
         !cache.namespace("test").is_empty()
@@ -114,12 +115,15 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     assert_eq!(annotation(&admitted, LIST).as_deref(), Some("game"));
     let init = admitted.spec.as_ref().unwrap().init_containers.clone();
     assert_eq!(init.unwrap()[0].name, "podprobe", "native sidecar injected");
-    api.create(&admitted).unwrap();
-    kubelet_runs(&api, "gs-1");
+    cluster.create_pod(&admitted).await;
+    kubelet_runs(&cluster, "gs-1").await;
 
-    // The sidecar, as the injected container would run it.
+    // The sidecar, as the injected container would run it (as the admin here).
     let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
+    cluster
+        .cp
+        .write_kubeconfig_for_token(&kubeconfig, testkit::real::ADMIN_TOKEN)
+        .unwrap();
     let log = dir.path().join("sidecar.log");
     let _sidecar = Sidecar {
         child: Command::new(&bin)
@@ -130,6 +134,9 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
                 "--coalesce-window",
                 "50ms",
                 "--events=false",
+                // No node runs the pod: the probe's command runs here, beside the sidecar.
+                "--exec-mode",
+                "local",
             ])
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "podprobe=debug,info")
@@ -142,7 +149,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
             .expect("start podprobe run"),
         log,
     };
-    let pods: Api<Pod> = Api::namespaced(api.client(), "test");
+    let pods: Api<Pod> = cluster.pods();
 
     // Probe fails (no flag) → condition False → marker label false.
     let p = wait_pod(&pods, "gs-1", "failed marker", |p| {

@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use podprobe_manager::run::LeaderOptions;
 use podprobe_manager::webhook::Mode;
 use support::*;
-use testkit::ApiServer;
+use testkit::real::ControlPlane;
 
 const LEASE: Duration = Duration::from_secs(2);
 
@@ -22,23 +22,32 @@ fn leader(identity: &str) -> Option<LeaderOptions> {
     })
 }
 
-fn holder(api: &ApiServer) -> Option<String> {
-    api.get::<Lease>("kube-system", "podprobe-manager")
-        .and_then(|l| l.spec?.holder_identity)
+async fn lease(cp: &ControlPlane) -> Option<Lease> {
+    let leases = kube::Api::<Lease>::namespaced(cp.client(), "kube-system");
+    leases
+        .get_opt("podprobe-manager")
+        .await
+        .expect("read the lease")
+}
+
+async fn holder(cp: &ControlPlane) -> Option<String> {
+    lease(cp).await.and_then(|l| l.spec?.holder_identity)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leads_and_a_killed_leader_is_replaced_within_the_lease_duration() {
-    let api = ApiServer::start().await.unwrap();
+    // The manager's caches need the PodProbeMarker CRD.
+    let cluster = Tv03Cluster::start().await;
+    let cp = &cluster.cp;
     let dir = tempfile::tempdir().unwrap();
-    let a = start_manager(&api, dir.path(), Mode::Standalone, leader("a"), None).await;
+    let a = start_manager(cp.client(), dir.path(), Mode::Standalone, leader("a"), None).await;
     a.manager.wait_leader().await;
-    let b = start_manager(&api, dir.path(), Mode::Standalone, leader("b"), None).await;
+    let b = start_manager(cp.client(), dir.path(), Mode::Standalone, leader("b"), None).await;
     // b keeps following while a renews.
     tokio::time::sleep(LEASE + Duration::from_millis(500)).await;
     assert!(a.manager.is_leader());
     assert!(!b.manager.is_leader());
-    assert_eq!(holder(&api).as_deref(), Some("a"));
+    assert_eq!(holder(cp).await.as_deref(), Some("a"));
 
     let killed = Instant::now();
     a.manager.kill();
@@ -56,19 +65,17 @@ async fn one_leads_and_a_killed_leader_is_replaced_within_the_lease_duration() {
         handover >= LEASE - LEASE.mul_f64(2.0 / 15.0),
         "took over a live lease after {handover:?}"
     );
-    assert_eq!(holder(&api).as_deref(), Some("b"));
-    let transitions = api
-        .get::<Lease>("kube-system", "podprobe-manager")
-        .and_then(|l| l.spec?.lease_transitions);
+    assert_eq!(holder(cp).await.as_deref(), Some("b"));
+    let transitions = lease(cp).await.and_then(|l| l.spec?.lease_transitions);
     assert_eq!(transitions, Some(1));
 
     // A graceful shutdown releases: a third candidate takes over at once.
-    let c = start_manager(&api, dir.path(), Mode::Standalone, leader("c"), None).await;
+    let c = start_manager(cp.client(), dir.path(), Mode::Standalone, leader("c"), None).await;
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(!c.manager.is_leader());
     let released = Instant::now();
     b.manager.shutdown().await;
-    assert_eq!(holder(&api), None, "released on shutdown");
+    assert_eq!(holder(cp).await, None, "released on shutdown");
     tokio::time::timeout(LEASE, c.manager.wait_leader())
         .await
         .expect("c leads after the release");

@@ -1,5 +1,5 @@
-//! AdmissionReview round trips through the real HTTPS server of a manager started against
-//! testkit: allowed, patched (TV-03 byte for byte, plus the injected native sidecar), denied with
+//! AdmissionReview round trips through the real HTTPS server of a manager started against a
+//! real kube-apiserver: allowed, patched (TV-03 byte for byte, plus the injected native sidecar), denied with
 //! the field-naming reason (TV-13), certificate reload, metrics and readiness.
 
 mod support;
@@ -10,20 +10,18 @@ use podprobe_manager::webhook::{MUTATE_PODS_PATH, Mode, VALIDATE_PPM_PATH};
 use podprobe_protocol::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
 use serde_json::json;
 use support::*;
-use testkit::ApiServer;
 
-async fn setup(mode: Mode) -> (ApiServer, tempfile::TempDir, Started) {
-    let api = ApiServer::start().await.unwrap();
-    api.create_namespace("test").unwrap();
-    api.create(&ppm(&tv03_ppm())).unwrap();
+async fn setup(mode: Mode) -> (Tv03Cluster, tempfile::TempDir, Started) {
+    let cluster = Tv03Cluster::with_tv03().await;
     let dir = tempfile::tempdir().unwrap();
-    let started = start_manager(&api, dir.path(), mode, None, Some(injection())).await;
+    let client = cluster.manager_client();
+    let started = start_manager(client, dir.path(), mode, None, Some(injection())).await;
     let ppms = started.manager.ppms.clone();
     eventually(Duration::from_secs(10), "PPM cache synced", || {
         !ppms.namespace("test").is_empty()
     })
     .await;
-    (api, dir, started)
+    (cluster, dir, started)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,7 +46,7 @@ async fn pod_admission_is_patched_with_tv03_annotations_and_the_sidecar() {
     let annotations = out.metadata.annotations.clone().unwrap();
     assert_eq!(annotations[PODPROBE_ANNOTATION], TV03_PODPROBE);
     assert_eq!(annotations[MARKER_LIST_ANNOTATION], "ppm-test");
-    // testkit reports Kubernetes 1.33: the sidecar is a restartable init container.
+    // The apiserver is Kubernetes 1.37: the sidecar is a restartable init container.
     let init = out.spec.as_ref().unwrap().init_containers.clone().unwrap();
     assert_eq!(init.len(), 1);
     assert_eq!(init[0].name, "podprobe");

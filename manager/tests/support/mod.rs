@@ -1,6 +1,11 @@
 //! Shared by the manager's tests and benchmark: a self-signed webhook certificate, an HTTPS
-//! client for AdmissionReviews, fixtures, and a manager started in-process against testkit.
+//! client for AdmissionReviews, fixtures, and a manager started in-process against a real
+//! control plane ([`tv03`]).
 #![allow(dead_code)]
+
+pub mod tv03;
+#[allow(unused_imports)]
+pub use tv03::Tv03Cluster;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -22,7 +27,6 @@ use podprobe_manager::webhook::Mode;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
-use testkit::ApiServer;
 
 /// A self-signed certificate for `localhost`/127.0.0.1, written as PEM files.
 pub struct Cert {
@@ -211,20 +215,6 @@ pub fn ppm(v: &Value) -> PodProbeMarker {
     serde_json::from_value(v.clone()).unwrap()
 }
 
-/// testkit with namespace `test`, the virtual-kubelet node `vk-1` and TV-03's PodProbeMarker,
-/// keeping `history_limit` events for watches (a few per pod at scale).
-pub async fn tv03_cluster(history_limit: usize) -> ApiServer {
-    let api = ApiServer::builder()
-        .history_limit(history_limit)
-        .start()
-        .await
-        .unwrap();
-    api.create_namespace("test").unwrap();
-    api.set_object(&vk_node("vk-1")).unwrap();
-    api.create(&ppm(&tv03_ppm())).unwrap();
-    api
-}
-
 /// A pod in `test` with label app=<app> and container `main`.
 pub fn app_pod(name: &str, app: &str) -> Pod {
     serde_json::from_value(json!({
@@ -244,9 +234,9 @@ pub struct Started {
     pub cert: Cert,
 }
 
-/// Start a manager in-process against `api`.
+/// Start a manager in-process with `client`.
 pub async fn start_manager(
-    api: &ApiServer,
+    client: kube::Client,
     dir: &Path,
     mode: Mode,
     leader: Option<LeaderOptions>,
@@ -269,7 +259,7 @@ pub async fn start_manager(
         scope: MarkerScope::default(),
         workers: 16,
     };
-    let manager = Manager::start(api.client(), options).await.unwrap();
+    let manager = Manager::start(client, options).await.unwrap();
     Started { manager, cert }
 }
 
@@ -333,18 +323,6 @@ pub fn steady_pod(i: usize, healthy: bool) -> Pod {
 
 pub const PODPROBE: &str = "kruise.io/podprobe";
 pub const LIST: &str = "kruise.io/podprobemarker-list";
-
-/// Set the condition `game.kruise.io/healthy` of pod `name` as the sidecar would.
-pub fn set_healthy(api: &ApiServer, name: &str, healthy: bool) {
-    api.update_pod_status("test", name, |s| {
-        for c in s.conditions.iter_mut().flatten() {
-            if c.type_ == "game.kruise.io/healthy" {
-                c.status = if healthy { "True" } else { "False" }.into();
-            }
-        }
-    })
-    .unwrap();
-}
 
 pub fn label(pod: &Pod, key: &str) -> Option<String> {
     pod.metadata.labels.as_ref()?.get(key).cloned()
