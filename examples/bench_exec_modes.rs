@@ -6,14 +6,12 @@
 //! - `procfs`: the same command chrooted into a real target
 //!   process running as uid 4242 in a minimal root built in a temp dir (needs root; skipped
 //!   otherwise);
-//! - `api`: pods/exec over WebSocket (v5.channel.k8s.io) through kube-rs to testkit's
-//!   in-process `pods/exec` endpoint, which runs the command locally through podprobe's reaper
-//!   (tests/support/exec_kit.rs). Includes testkit's authorization, journal and routing.
 //!
-//! CPU = user+sys of this process (getrusage SELF; for `api` this *includes the in-process
-//! endpoint's side*) plus that of its reaped children (RUSAGE_CHILDREN: the probe commands).
-#[path = "../tests/support/exec_kit.rs"]
-mod exec_kit;
+//! `api` (pods/exec) needs an apiserver, a kubelet and a runtime: its cost is measured on a
+//! real node by `cargo run --release -p podprobe-manager --example bench_node_exec`.
+//!
+//! CPU = user+sys of this process (getrusage SELF) plus that of its reaped children
+//! (RUSAGE_CHILDREN: the probe commands).
 #[path = "../tests/support/rootfs.rs"]
 mod rootfs;
 
@@ -22,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::resource::{UsageWho, getrusage};
 use podprobe::probe::exec::procfs;
-use podprobe::probe::{ApiExec, ExecAction, Outcome};
+use podprobe::probe::{ExecAction, Outcome};
 
 fn cpu(who: UsageWho) -> Duration {
     let usage = getrusage(who).expect("getrusage");
@@ -110,15 +108,6 @@ async fn main() {
             Some(target)
         }
     };
-
-    let server = exec_kit::start().await;
-    let api = ApiExec::new(server.client(), exec_kit::NS, exec_kit::POD);
-    rows.push(
-        measure("api", n, || async {
-            api.attempt(&action, "game", timeout).await.unwrap().outcome
-        })
-        .await,
-    );
 
     println!("exec attempt cost, {n} sequential attempts of `sleep 0` per mode");
     println!(

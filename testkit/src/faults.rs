@@ -47,6 +47,13 @@ pub enum Action {
         /// Output bytes forwarded before the drop.
         bytes: u64,
     },
+    /// For an upgrade (`pods/exec`): the WebSocket subprotocol `protocol` is taken out of the
+    /// client's offer before the apiserver sees it, as an apiserver that does not know it
+    /// would ignore it (the fault proxy only). Other requests are handled normally.
+    WithoutSubprotocol {
+        /// E.g. `v5.channel.k8s.io`.
+        protocol: String,
+    },
 }
 
 /// A fault rule. Build one with [`Fault::status`], [`Fault::too_many_requests`],
@@ -128,6 +135,14 @@ impl Fault {
     /// Drop matching `pods/exec` streams after `bytes` bytes of output.
     pub fn drop_exec_stream_after(bytes: u64) -> Self {
         Self::new(Action::DropExecStreamAfter { bytes }).path_contains("/exec")
+    }
+
+    /// Take `protocol` out of matching upgrades' WebSocket subprotocol offers.
+    pub fn without_subprotocol(protocol: impl Into<String>) -> Self {
+        Self::new(Action::WithoutSubprotocol {
+            protocol: protocol.into(),
+        })
+        .path_contains("/exec")
     }
 
     /// Only requests with this method.
@@ -239,7 +254,10 @@ impl Faults {
                 *n -= 1;
             }
             out.push(rule.action.clone());
-            if !matches!(rule.action, Action::Delay { .. }) {
+            if !matches!(
+                rule.action,
+                Action::Delay { .. } | Action::WithoutSubprotocol { .. }
+            ) {
                 break;
             }
         }

@@ -444,14 +444,20 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// Creates a namespace and its `default` ServiceAccount (no controller-manager runs here
-    /// to create it, and the ServiceAccount admission plugin refuses pods without it).
+    /// Creates a namespace and its `default` ServiceAccount (without a node no
+    /// controller-manager runs to create it, and the ServiceAccount admission plugin refuses
+    /// pods without it; with one, its serviceaccount controller may have been first).
     pub async fn create_namespace(&self, name: &str) -> Result<Namespace, Error> {
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
         let ns = Api::<Namespace>::all(self.client())
             .create(&PostParams::default(), &ns)
             .await?;
-        self.create_service_account(name, "default").await?;
+        match self.create_service_account(name, "default").await {
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {}
+            other => {
+                other?;
+            }
+        }
         Ok(ns)
     }
 

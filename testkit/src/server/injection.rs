@@ -46,6 +46,7 @@ pub(super) async fn injected(actions: Vec<Action>) -> Injected {
             }
             Action::EndWatchAfter { events } => later.end_watch_after = Some(events),
             Action::DropExecStreamAfter { bytes } => later.drop_exec_after = Some(bytes),
+            Action::WithoutSubprotocol { .. } => {}
         }
     }
     Injected::Later(later)

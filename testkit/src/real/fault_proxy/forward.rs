@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER, TRANSFER_ENCODING, UPGRADE};
+use http::header::{
+    CONNECTION, CONTENT_TYPE, HOST, RETRY_AFTER, SEC_WEBSOCKET_PROTOCOL, TRANSFER_ENCODING, UPGRADE,
+};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -94,6 +96,10 @@ pub(crate) async fn handle(
             }
             Action::EndWatchAfter { events } => end_watch_after = Some(events),
             Action::DropExecStreamAfter { bytes } => drop_exec_after = Some(bytes),
+            Action::WithoutSubprotocol { protocol } => {
+                entry.fault = true;
+                without_subprotocol(&mut parts.headers, &protocol);
+            }
         }
     }
 
@@ -109,7 +115,7 @@ pub(crate) async fn handle(
         }
     };
     entry.status = response.status().as_u16();
-    entry.fault = end_watch_after.is_some() || drop_exec_after.is_some();
+    entry.fault |= end_watch_after.is_some() || drop_exec_after.is_some();
     shared.journal.record(entry);
 
     if response.status() == StatusCode::SWITCHING_PROTOCOLS
@@ -157,6 +163,26 @@ async fn send(
         request.headers_mut().remove(CONNECTION);
     }
     Ok(sender.send_request(request).await?)
+}
+
+/// Takes `protocol` out of the `Sec-WebSocket-Protocol` offer (one header, comma-separated,
+/// or several).
+fn without_subprotocol(headers: &mut HeaderMap, protocol: &str) {
+    let offered: Vec<String> = headers
+        .get_all(SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && *p != protocol)
+        .map(str::to_owned)
+        .collect();
+    headers.remove(SEC_WEBSOCKET_PROTOCOL);
+    if let Ok(value) = HeaderValue::from_str(&offered.join(", "))
+        && !offered.is_empty()
+    {
+        headers.insert(SEC_WEBSOCKET_PROTOCOL, value);
+    }
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
