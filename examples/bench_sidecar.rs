@@ -1,6 +1,7 @@
 //! Footprint of the real podprobe binary with 10 probes (4 exec, 3 tcp, 3 http, period 1 s):
-//! RSS and CPU in `check` mode (no cluster) and in `run` mode against testkit, and apiserver
-//! writes per transition and per hour at steady state. Then `run` mode with 1 to 40 probes (the
+//! RSS and CPU in `check` mode (no cluster) and in `run` mode against a real kube-apiserver (the
+//! fault proxy in front counts the writes), and apiserver writes per transition and per hour at
+//! steady state. Then `run` mode with 1 to 40 probes (the
 //! same mix), whose RSS and CPU also go to `docs/perf/sidecar.csv` (plotted by
 //! `cargo run --example plot_perf`).
 //!
@@ -18,7 +19,9 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
+use testkit::real::{ADMIN_TOKEN, ControlPlane, FaultProxy};
 
 const STEADY: Duration = Duration::from_secs(20);
 /// The measuring window of each point of the sweep by number of probes.
@@ -164,11 +167,16 @@ async fn main() {
     let _ = check.kill();
     let _ = check.wait();
 
-    // run mode against testkit, 10 probes, then one transition.
-    let api = testkit::ApiServer::start().await.unwrap();
-    api.create_namespace("bench").unwrap();
+    // run mode against a real kube-apiserver (through the fault proxy, which counts the
+    // sidecar's writes), 10 probes, then one transition.
+    let cp = ControlPlane::start().await.expect("a control plane");
+    cp.create_namespace("bench").await.expect("namespace bench");
+    let proxy = FaultProxy::start(&cp).await.expect("the fault proxy");
+    let api = Lab { cp, proxy };
     let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
+    api.proxy
+        .write_kubeconfig_for_token(&kubeconfig, ADMIN_TOKEN)
+        .unwrap();
     let flags = dir.path().join("run-10");
     let value = annotation(&flags, tcp.addr.port(), http.port(), 10);
     let mut run = start_run(&bin, &api, &kubeconfig, "bench-10", &value).await;
@@ -196,7 +204,7 @@ async fn main() {
     for (name, m) in [
         ("baseline: run, no cluster, idle", &baseline),
         ("check (no cluster)", &checked),
-        ("run against testkit (steady)", &steady),
+        ("run against kube-apiserver (steady)", &steady),
     ] {
         let mib = |kib: u64| kib as f64 / 1024.0;
         println!(
@@ -273,9 +281,22 @@ async fn main() {
 
 /// Creates pod `name` in namespace `bench` with `value` as its annotation, reports it running,
 /// starts `podprobe run` for it and returns once its first status write landed and 3 s passed.
+/// The control plane and the proxy the sidecars reach it through.
+struct Lab {
+    proxy: FaultProxy,
+    cp: ControlPlane,
+}
+
+impl Lab {
+    /// The sidecars' requests.
+    fn journal(&self) -> &testkit::Journal {
+        self.proxy.journal()
+    }
+}
+
 async fn start_run(
     bin: &std::path::Path,
-    api: &testkit::ApiServer,
+    api: &Lab,
     kubeconfig: &std::path::Path,
     name: &str,
     value: &str,
@@ -286,15 +307,15 @@ async fn start_run(
         "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
     }))
     .unwrap();
-    api.create(&pod).unwrap();
-    api.update_pod_status("bench", name, |s| {
-        *s = serde_json::from_value(json!({"phase": "Running", "podIP": "127.0.0.1",
-            "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
-                "containerID": "containerd://1", "started": true,
-                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}))
+    let pods: kube::Api<Pod> = kube::Api::namespaced(api.cp.client(), "bench");
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.1",
+        "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+            "containerID": "containerd://1", "started": true,
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
         .unwrap();
-    })
-    .unwrap();
     let before = api.journal().count("PATCH", "pods/status");
     let child = Command::new(bin)
         .args([

@@ -1,6 +1,7 @@
 //! Soak: the real podprobe binary with 20 probes (5 each of exec, tcp, http, grpc, period 1 s)
-//! for at least 10 000 attempts against testkit, while targets flip, the apiserver injects
-//! faults (5xx, 429 with Retry-After, connection resets, ended watches, a 30 s outage) and
+//! for at least 10 000 attempts against a real kube-apiserver, while targets flip, the fault
+//! proxy in front of it injects faults (5xx, 429 with Retry-After, connection resets, ended
+//! watches, a 30 s outage) and
 //! another writer removes conditions now and then. Prints the process' RSS, open fds, threads
 //! and zombie children at start, middle and end, flips vs status writes, and how many
 //! conditions are wrong once everything settles (must be 0).
@@ -16,9 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
 use podprobe::demo::{GamePort, serve_health};
 use serde_json::json;
 use testkit::faults::Fault;
+use testkit::real::{ADMIN_TOKEN, ControlPlane, FaultProxy};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -159,8 +163,35 @@ impl Targets {
     }
 }
 
-fn wrong_conditions(api: &testkit::ApiServer, expected: &BTreeMap<String, &str>) -> Vec<String> {
-    let pod: Pod = api.get(NS, POD).expect("the pod");
+/// The control plane and the proxy the sidecar reaches it through (faults and its requests).
+struct Lab {
+    proxy: FaultProxy,
+    cp: ControlPlane,
+}
+
+impl Lab {
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.cp.client(), NS)
+    }
+
+    /// Another writer drops every tcp condition, as an UpdateStatus without them would.
+    async fn drop_tcp_conditions(&self) {
+        let Ok(mut pod) = self.pods().get_status(POD).await else {
+            return;
+        };
+        if let Some(conditions) = pod.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            conditions.retain(|c| !c.type_.starts_with("soak/tcp"));
+        }
+        // A conflict with the sidecar's write loses this round, as it would that writer's.
+        let _ = self
+            .pods()
+            .replace_status(POD, &PostParams::default(), &pod)
+            .await;
+    }
+}
+
+async fn wrong_conditions(api: &Lab, expected: &BTreeMap<String, &str>) -> Vec<String> {
+    let pod: Pod = api.pods().get(POD).await.expect("the pod");
     let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
     expected
         .iter()
@@ -184,26 +215,33 @@ async fn main() {
         .join("podprobe");
     assert!(bin.exists(), "run `cargo build --release` first");
     let mut targets = Targets::start().await;
-    let api = testkit::ApiServer::start().await.unwrap();
-    api.create_namespace(NS).unwrap();
+    let cp = ControlPlane::start().await.expect("a control plane");
+    cp.create_namespace(NS).await.expect("the namespace");
+    let proxy = FaultProxy::start(&cp).await.expect("the fault proxy");
+    let api = Lab { proxy, cp };
     let kubeconfig = targets.dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig).unwrap();
+    api.proxy
+        .write_kubeconfig_for_token(&kubeconfig, ADMIN_TOKEN)
+        .unwrap();
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": POD, "namespace": NS, "annotations": {"kruise.io/podprobe": targets.annotation()}},
         "spec": {"nodeName": "vk", "containers": [{"name": "main", "image": "x"}]}
     }))
     .unwrap();
-    api.create(&pod).unwrap();
-    api.update_pod_status(NS, POD, |s| {
-        *s = serde_json::from_value(json!({"phase": "Running", "podIP": "127.0.0.1",
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x",
-                "imageID": "", "containerID": "containerd://1", "started": true,
-                "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}))
+    api.pods()
+        .create(&PostParams::default(), &pod)
+        .await
         .unwrap();
-    })
-    .unwrap();
+    let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.1",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "main", "ready": true, "restartCount": 0, "image": "x",
+            "imageID": "", "containerID": "containerd://1", "started": true,
+            "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}});
+    api.pods()
+        .patch_status(POD, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
     let mut sidecar = Command::new(&bin)
         .args([
             "run",
@@ -224,6 +262,7 @@ async fn main() {
     let duration = Duration::from_secs(ATTEMPTS / probes + 5);
     // "start" is once every probe has published: the first patch carries all 20.
     let written = api
+        .proxy
         .journal()
         .wait_for_count("PATCH", "pods/status", 1, Duration::from_secs(30))
         .await;
@@ -239,26 +278,18 @@ async fn main() {
             targets.flip(flips).await;
             flips += 1;
         }
+        let faults = api.proxy.faults();
         match second {
-            30 => api
-                .faults()
-                .add(Fault::status(500).method("PATCH").times(3)),
-            60 => api
-                .faults()
-                .add(Fault::too_many_requests(2).method("PATCH").times(2)),
-            90 => api.faults().add(Fault::reset().times(3)),
-            120 => api.faults().add(Fault::end_watch_after(1).watch().times(3)),
-            150 => api.stop().await,
-            180 => api.restart().await.unwrap(),
+            30 => faults.add(Fault::status(500).method("PATCH").times(3)),
+            60 => faults.add(Fault::too_many_requests(2).method("PATCH").times(2)),
+            90 => faults.add(Fault::reset().times(3)),
+            120 => faults.add(Fault::end_watch_after(1).watch().times(3)),
+            150 => api.proxy.stop().await,
+            180 => api.proxy.restart().await.unwrap(),
             _ => {}
         }
-        if second.is_multiple_of(45) && api.is_running() {
-            // Another writer drops every tcp condition, as an UpdateStatus without them would.
-            let _ = api.update_pod_status(NS, POD, |s| {
-                if let Some(c) = s.conditions.as_mut() {
-                    c.retain(|c| !c.type_.starts_with("soak/tcp"));
-                }
-            });
+        if second.is_multiple_of(45) && api.proxy.is_running() {
+            api.drop_tcp_conditions().await;
             overwrites += 1;
         }
         if second == duration.as_secs() / 2 {
@@ -267,13 +298,13 @@ async fn main() {
     }
     // Settle: everything flipped so far must be on the pod, as it is now.
     let settle = Instant::now();
-    let mut wrong = wrong_conditions(&api, &targets.expected);
+    let mut wrong = wrong_conditions(&api, &targets.expected).await;
     while !wrong.is_empty() && settle.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        wrong = wrong_conditions(&api, &targets.expected);
+        wrong = wrong_conditions(&api, &targets.expected).await;
     }
     samples.push(("end", footprint(pid)));
-    let patches = api.journal().count("PATCH", "pods/status");
+    let patches = api.proxy.journal().count("PATCH", "pods/status");
     let _ = sidecar.kill();
     let _ = sidecar.wait();
 
