@@ -59,8 +59,4 @@ for entries in arrays:
            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     write("admission_review", json.dumps(review(pod, ("", "v1", "Pod"), "pods")).encode())
     write("admission_review", json.dumps(review(ppm(entries), ("apps.kruise.io", "v1alpha1", "PodProbeMarker"), "podprobemarkers")).encode())
-    patch = {"metadata": {"uid": "u"}, "status": {"conditions": [
-        {"type": e.get("podConditionType", "c"), "status": "True"} for e in entries] + [
-        {"type": "Ready", "$patch": "delete"}]}}
-    write("strategic_merge", json.dumps([pod, patch]).encode())
 print(f"{len(arrays)} annotation vectors")

@@ -21,13 +21,12 @@ use serde_json::Value;
 pub type Property = fn(&[u8]);
 
 /// Every target by the name of its `fuzz_targets/<name>.rs` and its corpus directory.
-pub const TARGETS: [(&str, Property); 6] = [
+pub const TARGETS: [(&str, Property); 5] = [
     ("admission_review", admission_review),
     ("annotation", annotation),
     ("downward_api", downward_api),
     ("go_json", go_json),
     ("ppm_validation", ppm_validation),
-    ("strategic_merge", strategic_merge),
 ];
 
 /// The manager's admission webhooks on any request body: decoding an AdmissionReview, the pod
@@ -114,19 +113,5 @@ pub fn ppm_validation(bytes: &[u8]) {
             assert!(!errors.0.is_empty());
             assert!(errors.0.iter().all(|e| !e.field.is_empty()));
         }
-    }
-}
-
-/// testkit's strategic-merge patch (what the sidecar's status writes and the manager's patches
-/// go through in the fault tests): any original and patch merge or are refused, never panic.
-pub fn strategic_merge(bytes: &[u8]) {
-    let Ok(Value::Array(pair)) = serde_json::from_slice::<Value>(bytes) else {
-        return;
-    };
-    let [original, patch] = pair.as_slice() else {
-        return;
-    };
-    for kind in ["Pod", "PodProbeMarker"] {
-        let _ = testkit::strategic::apply(kind, original, patch);
     }
 }

@@ -1,4 +1,0 @@
-//! libFuzzer entry point for `podprobe_fuzz::strategic_merge` (the property, documented there).
-#![no_main]
-
-libfuzzer_sys::fuzz_target!(|bytes: &[u8]| podprobe_fuzz::strategic_merge(bytes));
