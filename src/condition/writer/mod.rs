@@ -8,7 +8,6 @@
 //! precondition. A failed patch puts its writes back unless a newer one of the same type arrived
 //! meanwhile, so an older result never overwrites a newer one and nothing is lost.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,9 +17,14 @@ use kube::api::{Patch, PatchParams};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+mod failure;
+mod state;
+
 use super::{FIELD_MANAGER, status_patch};
 use crate::metrics::Metrics;
+use failure::{cannot_answer, classify, explain, jitter};
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
+use state::{State, requeue};
 
 /// Timing of the writer.
 #[derive(Debug, Clone, Copy)]
@@ -110,8 +114,6 @@ impl serde::Serialize for ConditionWrite {
     }
 }
 
-type Writes = BTreeMap<String, ConditionWrite>;
-
 /// What the writer is doing with one condition type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WriteProgress {
@@ -121,85 +123,6 @@ pub struct WriteProgress {
     pub queued_at: Option<Instant>,
     /// When the apiserver last accepted a write of it (`None`: never).
     pub written_at: Option<Instant>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    pending: Writes,
-    /// Writes the apiserver refused as invalid (422) on their own: retried after a backoff,
-    /// apart from the others, so one refused condition never holds back the rest. A newer
-    /// write of the same type replaces a parked one.
-    parked: Writes,
-    /// Types of the patch on the wire.
-    in_flight: BTreeSet<String>,
-    /// When the last write of each type was queued.
-    queued_at: BTreeMap<String, Instant>,
-    /// When the last accepted patch of each type came back.
-    written_at: BTreeMap<String, Instant>,
-    /// A write-back is pending: the next patch goes without the coalescing window.
-    urgent: bool,
-}
-
-impl State {
-    /// What the next patch carries: everything pending, or one write while isolating.
-    ///
-    /// Sets and deletes never share a patch: the chart's admission policy lets the sidecar
-    /// remove only condition types its annotation still declares, so a prune can be refused,
-    /// and a refused delete must not hold back a result. Sets go first.
-    fn take_batch(&mut self, isolate: bool) -> Vec<ConditionWrite> {
-        let deletes = self.pending.values().all(ConditionWrite::is_delete);
-        let kinds: Vec<String> = self
-            .pending
-            .iter()
-            .filter(|(_, w)| w.is_delete() == deletes)
-            .map(|(kind, _)| kind.clone())
-            .take(if isolate { 1 } else { usize::MAX })
-            .collect();
-        let batch: Vec<ConditionWrite> = kinds
-            .iter()
-            .filter_map(|kind| self.pending.remove(kind))
-            .collect();
-        self.urgent = false;
-        self.in_flight = batch
-            .iter()
-            .map(|w| w.condition_type().to_owned())
-            .collect();
-        batch
-    }
-
-    fn queue(&mut self, write: ConditionWrite) {
-        let kind = write.condition_type().to_owned();
-        self.queued_at.insert(kind.clone(), Instant::now());
-        self.parked.remove(&kind);
-        self.pending.insert(kind, write);
-    }
-
-    fn landed(&mut self, batch: &[ConditionWrite]) {
-        let now = Instant::now();
-        for write in batch {
-            self.written_at
-                .insert(write.condition_type().to_owned(), now);
-        }
-        self.in_flight.clear();
-    }
-
-    /// Sets a refused batch aside; anything pending was submitted after it and wins over it.
-    fn park(&mut self, refused: Vec<ConditionWrite>) {
-        let pending = std::mem::take(&mut self.pending);
-        requeue(&mut self.parked, refused);
-        for (kind, write) in pending {
-            self.parked.remove(&kind);
-            self.pending.insert(kind, write);
-        }
-        self.in_flight.clear();
-    }
-
-    /// Parked writes are due again, unless a newer one of the same type is pending.
-    fn unpark(&mut self) {
-        for (kind, write) in std::mem::take(&mut self.parked) {
-            self.pending.entry(kind).or_insert(write);
-        }
-    }
 }
 
 #[derive(Debug, Default)]
@@ -529,278 +452,5 @@ impl WriteLoop {
     }
 }
 
-/// Whether a failure says the apiserver could not answer (no answer at all, 5xx, 429) rather
-/// than refused the write (other 4xx): the former is retried within
-/// [`WriterConfig::unavailable_backoff_max`].
-fn cannot_answer(code: Option<u16>) -> bool {
-    code.is_none_or(|c| c >= 500 || c == 429)
-}
-
-/// Puts a failed batch back, except where a newer condition of the same type arrived meanwhile.
-fn requeue(into: &mut Writes, batch: Vec<ConditionWrite>) {
-    for write in batch {
-        into.entry(write.condition_type().to_owned())
-            .or_insert(write);
-    }
-}
-
-/// The HTTP code (None for transport errors) and the server's retry hint.
-fn classify(error: &kube::Error) -> (Option<u16>, Option<Duration>) {
-    match error {
-        kube::Error::Api(status) => {
-            let retry = status
-                .details
-                .as_ref()
-                .map(|d| d.retry_after_seconds)
-                .filter(|s| *s > 0)
-                .map(|s| Duration::from_secs(u64::from(s)));
-            (Some(status.code), retry)
-        }
-        _ => (None, None),
-    }
-}
-
-const REPLACED: &str =
-    "the pod's uid differs: it was replaced by a same-named pod, which this sidecar must not write";
-
-/// One log line a user can act on.
-fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> String {
-    let server = match error {
-        kube::Error::Api(status) => status.message.clone(),
-        other => other.to_string(),
-    };
-    let hint = match code {
-        // Admission refusals are 403s too: blaming RBAC sent users to a Role that was fine.
-        Some(403) if server.contains("ValidatingAdmissionPolicy") => {
-            "an admission policy refused the write: the chart's lets a sidecar write only the pod its token is bound to (POD_NAME must be that pod)"
-        }
-        Some(403) => {
-            "RBAC does not allow `patch pods/status` for this service account (see the README's Role)"
-        }
-        Some(401) => {
-            "the apiserver no longer accepts this token (a pod-bound token stops working when its pod is deleted)"
-        }
-        Some(404) => "the pod no longer exists",
-        Some(409 | 422) if matches!(error, kube::Error::Api(s) if refused_by_uid_guard(s)) => {
-            REPLACED
-        }
-        Some(429) => "the apiserver asks to slow down",
-        Some(c) if c >= 500 => "the apiserver failed",
-        Some(_) => "unexpected answer",
-        None => "cannot reach the apiserver",
-    };
-    format!("writing conditions of pod {pod} failed ({hint}); will retry with backoff: {server}")
-}
-
-/// Equal jitter: a wait in [backoff/2, backoff], so retries of many pods spread out but none
-/// comes back sooner than half the backoff.
-fn jitter(backoff: Duration) -> Duration {
-    backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set(type_: &str, message: &str) -> ConditionWrite {
-        ConditionWrite::Set(PodCondition {
-            type_: type_.into(),
-            status: "True".into(),
-            message: Some(message.into()),
-            ..Default::default()
-        })
-    }
-
-    #[test]
-    fn a_delete_replaces_a_pending_result_and_a_newer_result_replaces_a_delete() {
-        let mut state = State::default();
-        state.queue(set("a", "old"));
-        state.queue(ConditionWrite::Delete("a".into()));
-        assert_eq!(
-            state.take_batch(false),
-            vec![ConditionWrite::Delete("a".into())]
-        );
-        state.in_flight.clear();
-        state.queue(ConditionWrite::Delete("b".into()));
-        state.queue(set("b", "new"));
-        assert_eq!(state.take_batch(false), vec![set("b", "new")]);
-    }
-
-    #[test]
-    fn sets_and_deletes_never_share_a_patch_and_sets_go_first() {
-        let mut state = State::default();
-        state.queue(ConditionWrite::Delete("a".into()));
-        state.queue(set("b", "m"));
-        state.queue(set("c", "m"));
-        assert_eq!(state.take_batch(false), vec![set("b", "m"), set("c", "m")]);
-        assert_eq!(
-            state.take_batch(false),
-            vec![ConditionWrite::Delete("a".into())]
-        );
-        assert!(state.take_batch(false).is_empty());
-    }
-
-    #[test]
-    fn a_write_back_skips_the_coalescing_window_of_the_next_patch_only() {
-        let (writer, _task) = {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let _guard = rt.enter();
-            let uid = watch::channel(None).1;
-            ConditionWriter::spawn(
-                unreachable_pods(),
-                "p".into(),
-                uid,
-                WriterConfig::default(),
-                Metrics::new(),
-                ApiserverAnswered::default(),
-            )
-        };
-        let ConditionWrite::Set(condition) = set("a", "m") else {
-            unreachable!()
-        };
-        writer.write_back(condition.clone());
-        assert!(writer.lock().urgent);
-        assert_eq!(writer.lock().take_batch(false), vec![set("a", "m")]);
-        assert!(!writer.lock().urgent, "the next patch waits again");
-        writer.submit(condition);
-        assert!(!writer.lock().urgent);
-    }
-
-    #[test]
-    fn a_failed_batch_never_overwrites_what_was_queued_meanwhile() {
-        let mut state = State::default();
-        state.queue(set("a", "first"));
-        let batch = state.take_batch(false);
-        assert!(state.in_flight.contains("a"));
-        state.queue(ConditionWrite::Delete("a".into()));
-        requeue(&mut state.pending, batch);
-        assert_eq!(state.pending["a"], ConditionWrite::Delete("a".into()));
-    }
-
-    /// Pods of an apiserver that is not there (a port nothing listens on): every patch fails
-    /// to connect, as during an outage.
-    fn unreachable_pods() -> Api<Pod> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let url = format!("http://127.0.0.1:{port}").parse().unwrap();
-        let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
-        Api::namespaced(client, "games")
-    }
-
-    fn transport_errors(metrics: &Metrics) -> u64 {
-        metrics
-            .encode()
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix(r#"podprobe_status_write_errors_total{code="transport"} "#)
-            })
-            .map_or(0, |n| n.trim().parse().unwrap())
-    }
-
-    fn start(config: WriterConfig, answered: ApiserverAnswered) -> (ConditionWriter, Metrics) {
-        let metrics = Metrics::new();
-        let uid = watch::channel(Some("u".to_owned())).1;
-        let (writer, _task) = ConditionWriter::spawn(
-            unreachable_pods(),
-            "p".into(),
-            uid,
-            config,
-            metrics.clone(),
-            answered,
-        );
-        let ConditionWrite::Set(condition) = set("a", "m") else {
-            unreachable!()
-        };
-        writer.submit(condition);
-        (writer, metrics)
-    }
-
-    #[test]
-    fn a_403_names_the_admission_policy_when_one_refused() {
-        let refused = |message: &str| {
-            let status = kube::core::Status::failure(message, "Forbidden").with_code(403);
-            explain("game-1", Some(403), &kube::Error::Api(Box::new(status)))
-        };
-        let by_policy = refused(
-            "pods \"game-1\" is forbidden: ValidatingAdmissionPolicy 'podprobe-sidecar-pod-status' denied request",
-        );
-        assert!(
-            by_policy.contains("an admission policy refused"),
-            "{by_policy}"
-        );
-        assert!(!by_policy.contains("RBAC"), "{by_policy}");
-        let by_rbac = refused("pods \"game-1\" is forbidden: User cannot patch resource");
-        assert!(by_rbac.contains("RBAC does not allow"), "{by_rbac}");
-    }
-
-    #[test]
-    fn only_failures_without_an_answer_get_the_short_backoff() {
-        for code in [None, Some(429), Some(500), Some(503), Some(504)] {
-            assert!(cannot_answer(code), "{code:?}");
-        }
-        // Refusals: retrying sooner would only be refused again.
-        for code in [
-            Some(400),
-            Some(401),
-            Some(403),
-            Some(404),
-            Some(409),
-            Some(422),
-        ] {
-            assert!(!cannot_answer(code), "{code:?}");
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn while_the_apiserver_cannot_answer_a_write_is_retried_every_few_seconds() {
-        let (_writer, metrics) = start(WriterConfig::default(), ApiserverAnswered::default());
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        // 200 ms doubling to the 4 s cap, each wait at least half its step: over 30 attempts
-        // in 2 minutes (the 60 s cap of refusals makes about 10).
-        let attempts = transport_errors(&metrics);
-        assert!(
-            (30..=130).contains(&attempts),
-            "{attempts} attempts in 120 s"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_answer_from_the_apiserver_releases_a_waiting_write_at_once() {
-        let answered = ApiserverAnswered::default();
-        // A first backoff long enough that, without the release, the second attempt would
-        // come 15–30 s after the first.
-        let config = WriterConfig {
-            backoff_min: Duration::from_secs(30),
-            unavailable_backoff_max: Duration::from_secs(60),
-            ..WriterConfig::default()
-        };
-        let (_writer, metrics) = start(config, answered.clone());
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let before = transport_errors(&metrics);
-        assert_eq!(before, 1, "the first attempt");
-        answered.notify();
-        tokio::time::sleep(RELEASE_SPREAD + Duration::from_millis(100)).await;
-        assert_eq!(
-            transport_errors(&metrics),
-            before + 1,
-            "the answer did not release the waiting write within {RELEASE_SPREAD:?}"
-        );
-    }
-
-    #[test]
-    fn deletes_are_strategic_merge_directives_in_the_same_list() {
-        let patch = status_patch("u", &[set("a", "m"), ConditionWrite::Delete("b".into())]);
-        assert_eq!(
-            patch["status"]["conditions"],
-            serde_json::json!([
-                {"type": "a", "status": "True", "message": "m"},
-                {"type": "b", "$patch": "delete"},
-            ])
-        );
-    }
-}
+mod tests;

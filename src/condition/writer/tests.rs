@@ -1,0 +1,203 @@
+//! The writer's queue rules and its retries against an apiserver that cannot answer.
+
+use super::*;
+
+fn set(type_: &str, message: &str) -> ConditionWrite {
+    ConditionWrite::Set(PodCondition {
+        type_: type_.into(),
+        status: "True".into(),
+        message: Some(message.into()),
+        ..Default::default()
+    })
+}
+
+#[test]
+fn a_delete_replaces_a_pending_result_and_a_newer_result_replaces_a_delete() {
+    let mut state = State::default();
+    state.queue(set("a", "old"));
+    state.queue(ConditionWrite::Delete("a".into()));
+    assert_eq!(
+        state.take_batch(false),
+        vec![ConditionWrite::Delete("a".into())]
+    );
+    state.in_flight.clear();
+    state.queue(ConditionWrite::Delete("b".into()));
+    state.queue(set("b", "new"));
+    assert_eq!(state.take_batch(false), vec![set("b", "new")]);
+}
+
+#[test]
+fn sets_and_deletes_never_share_a_patch_and_sets_go_first() {
+    let mut state = State::default();
+    state.queue(ConditionWrite::Delete("a".into()));
+    state.queue(set("b", "m"));
+    state.queue(set("c", "m"));
+    assert_eq!(state.take_batch(false), vec![set("b", "m"), set("c", "m")]);
+    assert_eq!(
+        state.take_batch(false),
+        vec![ConditionWrite::Delete("a".into())]
+    );
+    assert!(state.take_batch(false).is_empty());
+}
+
+#[test]
+fn a_write_back_skips_the_coalescing_window_of_the_next_patch_only() {
+    let (writer, _task) = {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let uid = watch::channel(None).1;
+        ConditionWriter::spawn(
+            unreachable_pods(),
+            "p".into(),
+            uid,
+            WriterConfig::default(),
+            Metrics::new(),
+            ApiserverAnswered::default(),
+        )
+    };
+    let ConditionWrite::Set(condition) = set("a", "m") else {
+        unreachable!()
+    };
+    writer.write_back(condition.clone());
+    assert!(writer.lock().urgent);
+    assert_eq!(writer.lock().take_batch(false), vec![set("a", "m")]);
+    assert!(!writer.lock().urgent, "the next patch waits again");
+    writer.submit(condition);
+    assert!(!writer.lock().urgent);
+}
+
+#[test]
+fn a_failed_batch_never_overwrites_what_was_queued_meanwhile() {
+    let mut state = State::default();
+    state.queue(set("a", "first"));
+    let batch = state.take_batch(false);
+    assert!(state.in_flight.contains("a"));
+    state.queue(ConditionWrite::Delete("a".into()));
+    requeue(&mut state.pending, batch);
+    assert_eq!(state.pending["a"], ConditionWrite::Delete("a".into()));
+}
+
+/// Pods of an apiserver that is not there (a port nothing listens on): every patch fails
+/// to connect, as during an outage.
+fn unreachable_pods() -> Api<Pod> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}").parse().unwrap();
+    let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
+    Api::namespaced(client, "games")
+}
+
+fn transport_errors(metrics: &Metrics) -> u64 {
+    metrics
+        .encode()
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"podprobe_status_write_errors_total{code="transport"} "#))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+fn start(config: WriterConfig, answered: ApiserverAnswered) -> (ConditionWriter, Metrics) {
+    let metrics = Metrics::new();
+    let uid = watch::channel(Some("u".to_owned())).1;
+    let (writer, _task) = ConditionWriter::spawn(
+        unreachable_pods(),
+        "p".into(),
+        uid,
+        config,
+        metrics.clone(),
+        answered,
+    );
+    let ConditionWrite::Set(condition) = set("a", "m") else {
+        unreachable!()
+    };
+    writer.submit(condition);
+    (writer, metrics)
+}
+
+#[test]
+fn a_403_names_the_admission_policy_when_one_refused() {
+    let refused = |message: &str| {
+        let status = kube::core::Status::failure(message, "Forbidden").with_code(403);
+        explain("game-1", Some(403), &kube::Error::Api(Box::new(status)))
+    };
+    let by_policy = refused(
+        "pods \"game-1\" is forbidden: ValidatingAdmissionPolicy 'podprobe-sidecar-pod-status' denied request",
+    );
+    assert!(
+        by_policy.contains("an admission policy refused"),
+        "{by_policy}"
+    );
+    assert!(!by_policy.contains("RBAC"), "{by_policy}");
+    let by_rbac = refused("pods \"game-1\" is forbidden: User cannot patch resource");
+    assert!(by_rbac.contains("RBAC does not allow"), "{by_rbac}");
+}
+
+#[test]
+fn only_failures_without_an_answer_get_the_short_backoff() {
+    for code in [None, Some(429), Some(500), Some(503), Some(504)] {
+        assert!(cannot_answer(code), "{code:?}");
+    }
+    // Refusals: retrying sooner would only be refused again.
+    for code in [
+        Some(400),
+        Some(401),
+        Some(403),
+        Some(404),
+        Some(409),
+        Some(422),
+    ] {
+        assert!(!cannot_answer(code), "{code:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_the_apiserver_cannot_answer_a_write_is_retried_every_few_seconds() {
+    let (_writer, metrics) = start(WriterConfig::default(), ApiserverAnswered::default());
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    // 200 ms doubling to the 4 s cap, each wait at least half its step: over 30 attempts
+    // in 2 minutes (the 60 s cap of refusals makes about 10).
+    let attempts = transport_errors(&metrics);
+    assert!(
+        (30..=130).contains(&attempts),
+        "{attempts} attempts in 120 s"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_from_the_apiserver_releases_a_waiting_write_at_once() {
+    let answered = ApiserverAnswered::default();
+    // A first backoff long enough that, without the release, the second attempt would
+    // come 15–30 s after the first.
+    let config = WriterConfig {
+        backoff_min: Duration::from_secs(30),
+        unavailable_backoff_max: Duration::from_secs(60),
+        ..WriterConfig::default()
+    };
+    let (_writer, metrics) = start(config, answered.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = transport_errors(&metrics);
+    assert_eq!(before, 1, "the first attempt");
+    answered.notify();
+    tokio::time::sleep(RELEASE_SPREAD + Duration::from_millis(100)).await;
+    assert_eq!(
+        transport_errors(&metrics),
+        before + 1,
+        "the answer did not release the waiting write within {RELEASE_SPREAD:?}"
+    );
+}
+
+#[test]
+fn deletes_are_strategic_merge_directives_in_the_same_list() {
+    let patch = status_patch("u", &[set("a", "m"), ConditionWrite::Delete("b".into())]);
+    assert_eq!(
+        patch["status"]["conditions"],
+        serde_json::json!([
+            {"type": "a", "status": "True", "message": "m"},
+            {"type": "b", "$patch": "delete"},
+        ])
+    );
+}
