@@ -25,10 +25,12 @@ pub mod audit;
 pub mod fault_proxy;
 mod kruise;
 pub mod kruise_game;
+mod launch;
 pub mod metrics;
 pub mod node;
 mod pki;
 pub mod process;
+mod requests;
 pub mod sidecar_rbac;
 pub mod tools;
 pub mod usage;
@@ -39,10 +41,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use kube::Api;
-use kube::api::PostParams;
 use serde_json::json;
 
 pub use audit::AuditEvent;
@@ -172,110 +170,6 @@ impl ControlPlane {
                 other => return other,
             }
         }
-    }
-
-    async fn start_once(address: Ipv4Addr, apiserver: &str) -> Result<ControlPlane, Error> {
-        let apiserver_bin = tools::tool(apiserver)?;
-        let etcd_bin = tools::tool("etcd")?;
-        let dir = tempfile::Builder::new().prefix("podprobe-cp-").tempdir()?;
-        let path = |name: &str| dir.path().join(name);
-        let pki = Pki::new()?;
-        std::fs::write(path("ca.crt"), pki.ca_pem())?;
-        let address_name = address.to_string();
-        let mut names = vec!["127.0.0.1", "localhost", address_name.as_str()];
-        names.extend(KUBERNETES_SERVICE_NAMES);
-        let serving = pki.issue(&names)?;
-        std::fs::write(path("apiserver.crt"), &serving.cert_pem)?;
-        std::fs::write(path("apiserver.key"), &serving.key_pem)?;
-        // The apiserver's identity towards kubelets (exec, logs): the kubelet authenticates it
-        // by the CA and asks the apiserver (SubjectAccessReview) what it may do.
-        let kubelet_client = pki.issue_client("kube-apiserver-kubelet-client", "system:masters")?;
-        std::fs::write(path("kubelet-client.crt"), &kubelet_client.cert_pem)?;
-        std::fs::write(path("kubelet-client.key"), &kubelet_client.key_pem)?;
-        let (sa_private, sa_public) = pki::signing_key_pem()?;
-        std::fs::write(path("sa.key"), sa_private)?;
-        std::fs::write(path("sa.pub"), sa_public)?;
-        std::fs::write(
-            path("tokens.csv"),
-            format!(
-                "{ADMIN_TOKEN},admin,admin-uid,\"system:masters\"\n\
-                 {NODE_TOKEN},system:node:{NODE_NAME},node-uid,\"system:nodes\"\n\
-                 {KUBE_PROXY_TOKEN},system:kube-proxy,kube-proxy-uid\n\
-                 {VIRTUAL_NODE_TOKEN},virtual-kubelet,virtual-kubelet-uid\n"
-            ),
-        )?;
-        std::fs::write(path("audit-policy.yaml"), audit::POLICY)?;
-
-        let (client_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
-        let etcd_client = format!("http://127.0.0.1:{client_port}");
-        let etcd_peer = format!("http://127.0.0.1:{peer_port}");
-        let p = |name: &str| path(name).display().to_string();
-        let etcd_args = vec![
-            "--name=default".to_owned(),
-            format!("--data-dir={}", p("etcd")),
-            format!("--listen-client-urls={etcd_client}"),
-            format!("--advertise-client-urls={etcd_client}"),
-            format!("--listen-peer-urls={etcd_peer}"),
-            format!("--initial-advertise-peer-urls={etcd_peer}"),
-            format!("--initial-cluster=default={etcd_peer}"),
-            // A test cluster's data is thrown away: fsync buys nothing and costs seconds.
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ];
-        let etcd = Daemon::spawn("etcd", &etcd_bin, &etcd_args, path("etcd.log"))?;
-        let apiserver_args = vec![
-            format!("--etcd-servers={etcd_client}"),
-            format!("--bind-address={address}"),
-            format!("--advertise-address={address}"),
-            format!("--secure-port={secure_port}"),
-            format!("--client-ca-file={}", p("ca.crt")),
-            format!("--kubelet-client-certificate={}", p("kubelet-client.crt")),
-            format!("--kubelet-client-key={}", p("kubelet-client.key")),
-            // A test node's name resolves nowhere; its InternalIP is on the node network.
-            "--kubelet-preferred-address-types=InternalIP".to_owned(),
-            format!("--tls-cert-file={}", p("apiserver.crt")),
-            format!("--tls-private-key-file={}", p("apiserver.key")),
-            format!("--token-auth-file={}", p("tokens.csv")),
-            // Node: what a kubelet may read and write, as in every real cluster.
-            "--authorization-mode=Node,RBAC".to_owned(),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
-            format!("--service-account-key-file={}", p("sa.pub")),
-            format!("--service-account-signing-key-file={}", p("sa.key")),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
-            // Added to the default set, which already holds them today; named so a change of
-            // defaults cannot silently drop what the tests are about.
-            "--enable-admission-plugins=ServiceAccount,NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy".to_owned(),
-            format!("--audit-policy-file={}", p("audit-policy.yaml")),
-            format!("--audit-log-path={}", p("audit.log")),
-            // On loopback nothing could reach the `kubernetes` Service's endpoints; on a node
-            // network kube-proxy routes the Service to the advertised address.
-            format!(
-                "--endpoint-reconciler-type={}",
-                if address.is_loopback() { "none" } else { "lease" }
-            ),
-            "--profiling=false".to_owned(),
-            "--v=1".to_owned(),
-        ];
-        let apiserver = Daemon::spawn(
-            "kube-apiserver",
-            &apiserver_bin,
-            &apiserver_args,
-            path("apiserver.log"),
-        )?;
-        let mut cp = ControlPlane {
-            kruise_manager: None,
-            controller_manager: None,
-            scheduler: None,
-            apiserver,
-            etcd,
-            url: format!("https://{address}:{secure_port}"),
-            etcd_url: etcd_client,
-            pki,
-            dir,
-        };
-        cp.write_kubeconfig_for_token(cp.dir.path().join("admin.kubeconfig"), ADMIN_TOKEN)?;
-        cp.wait_ready().await?;
-        Ok(cp)
     }
 
     async fn wait_ready(&mut self) -> Result<(), Error> {
@@ -442,134 +336,6 @@ impl ControlPlane {
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
         Ok(())
-    }
-
-    /// Creates a namespace and its `default` ServiceAccount (without a node no
-    /// controller-manager runs to create it, and the ServiceAccount admission plugin refuses
-    /// pods without it; with one, its serviceaccount controller may have been first).
-    pub async fn create_namespace(&self, name: &str) -> Result<Namespace, Error> {
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-        let ns = Api::<Namespace>::all(self.client())
-            .create(&PostParams::default(), &ns)
-            .await?;
-        match self.create_service_account(name, "default").await {
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {}
-            other => {
-                other?;
-            }
-        }
-        Ok(ns)
-    }
-
-    /// Dry-run creates `pod` as the admin, through the whole admission chain, until the object
-    /// the webhooks return satisfies `admitted` (up to a minute). Webhooks that read
-    /// PodProbeMarkers from a watch cache (kruise-manager's, podprobe-manager's) lag behind a
-    /// create: this is how a test knows they have caught up before it creates the real pod.
-    pub async fn wait_admission(
-        &self,
-        pod: &Pod,
-        admitted: impl Fn(&Pod) -> bool,
-    ) -> Result<Pod, Error> {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let pods: Api<Pod> = Api::namespaced(self.client(), namespace);
-        let dry_run = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        let started = Instant::now();
-        loop {
-            let answer = pods.create(&dry_run, pod).await?;
-            if admitted(&answer) {
-                return Ok(answer);
-            }
-            if started.elapsed() > Duration::from_secs(60) {
-                return Err(Error::Other(format!(
-                    "the admission chain did not give the expected pod within 60 s; last: {:?}",
-                    answer.metadata.annotations
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    pub async fn create_service_account(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<ServiceAccount, Error> {
-        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-        Ok(Api::<ServiceAccount>::namespaced(self.client(), namespace)
-            .create(&PostParams::default(), &sa)
-            .await?)
-    }
-
-    /// A token of `service_account` bound to `pod` (TokenRequest with a Pod `boundObjectRef`),
-    /// exactly what the kubelet mounts into that pod: it carries the
-    /// `authentication.kubernetes.io/pod-name` / `pod-uid` extras and stops working when the
-    /// pod is deleted.
-    pub async fn pod_token(&self, service_account: &str, pod: &Pod) -> Result<String, Error> {
-        let bound = BoundObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Pod".to_owned()),
-            name: pod.metadata.name.clone(),
-            uid: pod.metadata.uid.clone(),
-        };
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        self.token_request(namespace, service_account, Some(bound))
-            .await
-    }
-
-    /// A token of `service_account` bound to nothing (as `kubectl create token` makes).
-    pub async fn service_account_token(
-        &self,
-        namespace: &str,
-        service_account: &str,
-    ) -> Result<String, Error> {
-        self.token_request(namespace, service_account, None).await
-    }
-
-    async fn token_request(
-        &self,
-        namespace: &str,
-        service_account: &str,
-        bound: Option<BoundObjectReference>,
-    ) -> Result<String, Error> {
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec!["https://kubernetes.default.svc.cluster.local".to_owned()],
-                bound_object_ref: bound,
-                expiration_seconds: Some(3600),
-            },
-            ..TokenRequest::default()
-        };
-        let issued = Api::<ServiceAccount>::namespaced(self.client(), namespace)
-            .create_token_request(service_account, &PostParams::default(), &request)
-            .await?;
-        issued
-            .status
-            .map(|s| s.token)
-            .ok_or_else(|| Error::Other("TokenRequest answered without a token".into()))
-    }
-
-    /// The apiserver's own Prometheus metrics.
-    pub async fn metrics(&self) -> Result<String, Error> {
-        let request = http::Request::get("/metrics")
-            .body(Vec::new())
-            .map_err(|e| Error::Other(e.to_string()))?;
-        Ok(self.client().request_text(request).await?)
-    }
-
-    /// `apiserver_request_total` summed over response codes for one verb (as the metric spells
-    /// it: `PATCH`, `POST`, `WATCH`, ...), resource and subresource (`""` for none).
-    pub async fn request_count(
-        &self,
-        verb: &str,
-        resource: &str,
-        subresource: &str,
-    ) -> Result<u64, Error> {
-        let counts = metrics::request_counts(&self.metrics().await?);
-        let key = (verb.to_owned(), resource.to_owned(), subresource.to_owned());
-        Ok(counts.get(&key).copied().unwrap_or(0))
     }
 
     /// The process ids of kube-apiserver, etcd and (when started) kruise-manager, for
