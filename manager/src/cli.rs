@@ -204,7 +204,8 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
             })
             .unwrap_or_default()
             .into_iter()
-            .filter_map(|p| p.pod_condition_type)
+            .map(|p| p.pod_condition_type)
+            .filter(|c| !c.is_empty())
             .collect();
         let namespace_labels: BTreeMap<String, String> =
             args.namespace_labels.iter().cloned().collect();

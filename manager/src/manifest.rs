@@ -161,7 +161,9 @@ items:
 
     #[test]
     fn errors_name_file_document_and_field() {
-        let bad = "kind: PodProbeMarker\nmetadata: {name: a}\nspec:\n  probes:\n  - name: x\n    probe: {}\n";
+        // A missing field decodes (validation names it, as the webhook does); a wrong type
+        // does not.
+        let bad = "kind: PodProbeMarker\nmetadata: {name: a}\nspec:\n  probes:\n  - name: x\n    containerName: [c]\n    probe: {}\n";
         let e = parse_markers(bad, "bad.yaml").unwrap_err().to_string();
         assert!(
             e.starts_with("bad.yaml: document 1: field `spec.probes[0]"),

@@ -66,7 +66,8 @@ pub fn compute(pod: &Pod, namespace_ppms: &[PodProbeMarker]) -> Option<ProbeAnno
                 name: probe.name.clone(),
                 container_name: probe.container_name.clone(),
                 probe: probe.probe.clone(),
-                pod_condition_type: Some(condition.to_owned()),
+                pod_condition_type: condition.to_owned(),
+                marker_policy: Vec::new(),
             });
         }
     }
@@ -390,22 +391,19 @@ mod tests {
         ];
         let got = compute(&tv01_pod(), &ppms).unwrap();
         let parsed: Vec<PodContainerProbe> = serde_json::from_str(&got.probes).unwrap();
-        let summary: Vec<(&str, &str, Option<&str>)> = parsed
+        let summary: Vec<(&str, &str, &str)> = parsed
             .iter()
             .map(|p| {
                 (
                     p.container_name.as_str(),
                     p.name.as_str(),
-                    p.pod_condition_type.as_deref(),
+                    p.pod_condition_type.as_str(),
                 )
             })
             .collect();
         assert_eq!(
             summary,
-            [
-                ("main", "healthy", Some("c1")),
-                ("envoy", "healthy", Some("c3"))
-            ]
+            [("main", "healthy", "c1"), ("envoy", "healthy", "c3")]
         );
         // "b" contributed nothing, so it is not listed.
         assert_eq!(got.marker_list, "a,c");

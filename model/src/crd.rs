@@ -6,9 +6,6 @@
 //! derived, then [`crd`] adjusts the few places where the derived schema would accept or reject
 //! different objects than OpenKruise's CRD.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::Probe;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSON, JSONSchemaProps, JSONSchemaPropsOrArray,
 };
@@ -16,6 +13,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// One probe, the same type as an element of the `kruise.io/podprobe` annotation.
+pub use podprobe_protocol::annotation::{PodContainerProbe, ProbeMarkerPolicy};
 
 /// Spec of a PodProbeMarker: which pods, and which probes to run in them.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -36,39 +36,6 @@ pub struct PodProbeMarkerSpec {
     pub selector: Option<LabelSelector>,
     /// The probes; each records its result as the pod condition `podConditionType`.
     pub probes: Vec<PodContainerProbe>,
-}
-
-/// One probe of a PodProbeMarker (OpenKruise's `PodContainerProbe`).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PodContainerProbe {
-    /// Probe name, unique within the PodProbeMarker.
-    pub name: String,
-    /// The container the probe targets.
-    pub container_name: String,
-    /// The probe itself (core/v1 Probe; OpenKruise applies no defaults).
-    pub probe: Probe,
-    /// Labels/annotations to set on the pod for each probe state.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub marker_policy: Vec<ProbeMarkerPolicy>,
-    /// The pod condition that records the probe result.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub pod_condition_type: String,
-}
-
-/// Metadata applied to the pod while its probe is in `state`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ProbeMarkerPolicy {
-    /// Probe state the policy applies to: `Succeeded` or `Failed`.
-    // A plain string, so other values decode and are then refused with a field error.
-    pub state: String,
-    /// Labels to set on the pod.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    /// Annotations to set on the pod.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
 }
 
 /// Status written by the manager's PodProbeMarker controller.
@@ -116,10 +83,19 @@ fn align_schema(root: &mut JSONSchemaProps) {
     if let Some(selector) = property(spec, "selector") {
         selector.nullable = None;
     }
-    let Some(probe) = property(spec, "probes")
-        .and_then(items)
-        .and_then(|p| property(p, "probe"))
-    else {
+    let Some(entry) = property(spec, "probes").and_then(items) else {
+        return;
+    };
+    // The probe type is the annotation's too, whose parse decodes a missing name, container or
+    // probe and refuses it with a field error; OpenKruise's CRD requires them, without
+    // defaults.
+    for field in ["containerName", "name", "probe"] {
+        require(entry, field);
+        if let Some(schema) = property(entry, field) {
+            schema.default = None;
+        }
+    }
+    let Some(probe) = property(entry, "probe") else {
         return;
     };
     // controller-gen emits the `+default=""` marker of core/v1 GRPCAction.Service.

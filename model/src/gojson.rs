@@ -29,9 +29,9 @@ pub fn probes_to_go_json(probes: &[PodContainerProbe]) -> String {
         string(obj.out, &p.container_name);
         obj.key("probe");
         probe(obj.out, &p.probe);
-        if let Some(ct) = p.pod_condition_type.as_deref().filter(|c| !c.is_empty()) {
+        if !p.pod_condition_type.is_empty() {
             obj.key("podConditionType");
-            string(obj.out, ct);
+            string(obj.out, &p.pod_condition_type);
         }
         obj.close();
     }
@@ -248,7 +248,8 @@ mod tests {
             name: "n".into(),
             container_name: "c".into(),
             probe,
-            pod_condition_type: Some("t".into()),
+            pod_condition_type: "t".into(),
+            marker_policy: Vec::new(),
         }
     }
 

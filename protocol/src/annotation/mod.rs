@@ -1,6 +1,8 @@
 //! The pod annotations of the protocol, the wire type of one probe in `kruise.io/podprobe`, and
 //! its parsing and per-probe checks ([`parse`]).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Probe;
 use serde::{Deserialize, Serialize};
 
@@ -30,19 +32,47 @@ pub const RESERVED_CONDITION_TYPES: &[&str] = &[
 /// of [`RESERVED_CONDITION_TYPES`], not the condition type.
 pub const RESERVED_PROBE_NAMES: &[&str] = RESERVED_CONDITION_TYPES.split_at(6).0;
 
-/// One element of the annotation, exactly as OpenKruise serialises `PodContainerProbe`
-/// (`markerPolicy` is stripped by the writer; it is accepted and ignored if present).
+/// One probe of a PodProbeMarker (OpenKruise's `PodContainerProbe`).
+// One type for both places it travels: a PodProbeMarker's `spec.probes` (the CRD's schema is
+// derived from it, `schema` feature) and an element of the `kruise.io/podprobe` annotation,
+// where the writer clears `markerPolicy` (accepted if present, never used). Every field
+// decodes when missing, so a probe without a name or container is refused with a field error
+// rather than failing to decode; the CRD's schema still requires them (model's `crd`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PodContainerProbe {
+    /// Probe name, unique within the PodProbeMarker.
     #[serde(default)]
     pub name: String,
+    /// The container the probe targets.
     #[serde(default)]
     pub container_name: String,
+    /// The probe itself (core/v1 Probe; OpenKruise applies no defaults).
     #[serde(default)]
     pub probe: Probe,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod_condition_type: Option<String>,
+    /// Labels/annotations to set on the pod for each probe state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub marker_policy: Vec<ProbeMarkerPolicy>,
+    /// The pod condition that records the probe result.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_condition_type: String,
+}
+
+/// Metadata applied to the pod while its probe is in `state`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeMarkerPolicy {
+    /// Probe state the policy applies to: `Succeeded` or `Failed`.
+    // A plain string, so other values decode and are then refused with a field error.
+    pub state: String,
+    /// Labels to set on the pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations to set on the pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 mod parse;

@@ -226,11 +226,10 @@ pub fn validate(
     if entry.container_name.is_empty() {
         return Err(ProbeError::EmptyContainerName);
     }
-    let condition_type = entry
-        .pod_condition_type
-        .clone()
-        .filter(|ct| !ct.is_empty())
-        .ok_or(ProbeError::EmptyConditionType)?;
+    if entry.pod_condition_type.is_empty() {
+        return Err(ProbeError::EmptyConditionType);
+    }
+    let condition_type = entry.pod_condition_type.clone();
     if RESERVED_CONDITION_TYPES.contains(&condition_type.as_str()) {
         return Err(ProbeError::ReservedConditionType(condition_type));
     }
