@@ -20,6 +20,7 @@
 pub mod faults;
 pub mod journal;
 pub mod real;
+pub mod wait;
 pub mod workspace;
 
 pub use faults::{Action, Fault, Faults};

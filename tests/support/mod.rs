@@ -90,35 +90,11 @@ pub async fn wait_for_pod(
     limit: Duration,
     check: impl Fn(&Pod) -> bool,
 ) -> Pod {
-    let cond = |pod: Option<&Pod>| pod.is_some_and(&check);
-    match tokio::time::timeout(
-        limit,
-        kube::runtime::wait::await_condition(pods.clone(), name, cond),
-    )
-    .await
-    {
-        Ok(Ok(Some(pod))) => pod,
-        other => {
-            let now = pods.get(name).await.ok();
-            panic!(
-                "pod {name}: condition not reached within {limit:?} ({other:?}); conditions now: {:#?}",
-                now.and_then(|p| p.status).and_then(|s| s.conditions)
-            )
-        }
-    }
+    testkit::wait::pod(pods, name, "the awaited state", limit, check).await
 }
 
-/// Polls `check` (every 20 ms, up to `limit`) until it holds; panics naming `what` otherwise.
-pub async fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let wait = async {
-        while !check() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    if tokio::time::timeout(limit, wait).await.is_err() {
-        panic!("not within {limit:?}: {what}");
-    }
-}
+#[allow(unused_imports)]
+pub use testkit::wait::until as wait_until;
 
 fn rand_suffix() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -263,17 +263,8 @@ pub async fn start_manager(
     Started { manager, cert }
 }
 
-/// Poll `check` every 20 ms until it holds or `limit` passes.
-pub async fn eventually(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + limit;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not reached within {limit:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+#[allow(unused_imports)]
+pub use testkit::wait::{until as eventually, watch_pod as watch_until};
 
 /// Plain HTTP GET on the metrics server: (status, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -351,26 +342,7 @@ pub async fn wait_pod(
     what: &str,
     check: impl Fn(&Pod) -> bool,
 ) -> Pod {
-    match watch_until(pods, name, Duration::from_secs(60), check).await {
-        Some(p) => p,
-        None => panic!(
-            "{what}: not reached within a minute: {:#?}",
-            pods.get(name).await.ok()
-        ),
-    }
-}
-
-/// Watches pod `name` until `check` holds (the pod then) or `limit` passes (`None`).
-pub async fn watch_until(
-    pods: &kube::Api<Pod>,
-    name: &str,
-    limit: Duration,
-    check: impl Fn(&Pod) -> bool,
-) -> Option<Pod> {
-    let cond = kube::runtime::wait::await_condition(pods.clone(), name, |p: Option<&Pod>| {
-        p.is_some_and(&check)
-    });
-    tokio::time::timeout(limit, cond).await.ok()?.ok()?
+    testkit::wait::pod(pods, name, what, Duration::from_secs(60), check).await
 }
 
 /// `target/<profile>/podprobe`, built if needed (`CARGO_BIN_EXE_podprobe` exists only in the
