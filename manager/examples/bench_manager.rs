@@ -129,7 +129,7 @@ async fn marker_throughput(pods: usize, dir: &std::path::Path) -> (Duration, usi
         .buffer_unordered(CONCURRENT_FLIPS)
         .collect::<Vec<_>>()
         .await;
-    let s = start_manager(cluster.manager_client(), dir, Mode::Standalone, None, None).await;
+    let s = cluster.start_manager(dir).await;
     while s.manager.metrics.pod_reconciles.get() < pods as u64 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
-use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use support::*;
 use testkit::Fault;
@@ -60,14 +59,7 @@ async fn a_cache_behind_our_own_patch_does_not_repeat_it() {
             .times(1),
     );
     let dir = tempfile::tempdir().unwrap();
-    let s = start_manager(
-        cluster.manager_client(),
-        dir.path(),
-        Mode::Standalone,
-        None,
-        None,
-    )
-    .await;
+    let s = cluster.start_manager(dir.path()).await;
     eventually(Duration::from_secs(10), "pod watch started", || {
         pod_watches(&cluster) == 1
     })
@@ -143,14 +135,7 @@ async fn a_ppm_status_write_reconciles_no_pod() {
         cluster.create_steady_pod(i, true).await;
     }
     let dir = tempfile::tempdir().unwrap();
-    let s = start_manager(
-        cluster.manager_client(),
-        dir.path(),
-        Mode::Standalone,
-        None,
-        None,
-    )
-    .await;
+    let s = cluster.start_manager(dir.path()).await;
     wait_matched(&cluster, 3, "status written").await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     let reconciles = s.manager.metrics.pod_reconciles.get();
@@ -188,14 +173,7 @@ async fn labelling_the_node_marks_its_pods() {
     cluster.create_pod(&unmarked(1, "plain-1")).await;
     cluster.create_pod(&unmarked(2, "vk-late")).await;
     let dir = tempfile::tempdir().unwrap();
-    let s = start_manager(
-        cluster.manager_client(),
-        dir.path(),
-        Mode::Standalone,
-        None,
-        None,
-    )
-    .await;
+    let s = cluster.start_manager(dir.path()).await;
     let metrics = s.manager.metrics.clone();
     eventually(Duration::from_secs(10), "pods reconciled", || {
         metrics.pod_reconciles.get() >= 3
@@ -208,16 +186,9 @@ async fn labelling_the_node_marks_its_pods() {
         "no markers off serverless nodes: {patches:#?}"
     );
 
-    let serverless = json!({"metadata": {"labels": {"type": "virtual-kubelet"}}});
     cluster
-        .nodes()
-        .patch(
-            "plain-1",
-            &PatchParams::default(),
-            &Patch::Merge(&serverless),
-        )
-        .await
-        .unwrap();
+        .label_node("plain-1", json!({"type": "virtual-kubelet"}))
+        .await;
     for name in ["gs-0", "gs-1"] {
         wait_marked(&cluster, name).await;
     }
@@ -227,16 +198,7 @@ async fn labelling_the_node_marks_its_pods() {
     // Losing the label leaves the markers (nothing to remove), and costs no patch.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(cluster.pod_patches(), 3, "one patch per pod");
-    let unlabelled = json!({"metadata": {"labels": null}});
-    cluster
-        .nodes()
-        .patch(
-            "plain-1",
-            &PatchParams::default(),
-            &Patch::Merge(&unlabelled),
-        )
-        .await
-        .unwrap();
+    cluster.label_node("plain-1", json!(null)).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(cluster.pod_patches(), 3);
     s.manager.shutdown().await;
@@ -256,14 +218,7 @@ async fn no_pod_is_reconciled_before_the_ppm_cache_has_synced() {
             .times(2),
     );
     let dir = tempfile::tempdir().unwrap();
-    let s = start_manager(
-        cluster.manager_client(),
-        dir.path(),
-        Mode::Standalone,
-        None,
-        None,
-    )
-    .await;
+    let s = cluster.start_manager(dir.path()).await;
     eventually(Duration::from_secs(10), "pod reconciled", || {
         s.manager.metrics.pod_reconciles.get() >= 1
     })

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use podprobe_manager::webhook::Mode;
 use support::*;
 
 /// Pods created at once: enough to keep both cores busy, few enough not to queue in the
@@ -35,14 +34,7 @@ async fn one_condition_change_among_10000_pods_is_one_patch() {
 
     let dir = tempfile::tempdir().unwrap();
     let t = Instant::now();
-    let s = start_manager(
-        cluster.manager_client(),
-        dir.path(),
-        Mode::Standalone,
-        None,
-        None,
-    )
-    .await;
+    let s = cluster.start_manager(dir.path()).await;
     let metrics = s.manager.metrics.clone();
     let mut last = 0;
     eventually(

@@ -13,6 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use testkit::Fault;
 use testkit::real::{ClientSide, ControlPlane, FaultProxy};
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::timeout;
 
 const T: Duration = Duration::from_secs(30);
@@ -33,6 +34,24 @@ async fn setup(client_side: ClientSide) -> (ControlPlane, FaultProxy, Api<Pod>) 
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     (cp, proxy, pods)
+}
+
+/// A kube-rs watcher of pod `a` (with its default backoff), sending each version it sees.
+fn watch_a(pods: &Api<Pod>) -> (tokio::task::JoinHandle<()>, UnboundedReceiver<Pod>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let config = watcher::Config::default().fields("metadata.name=a");
+    let watching = tokio::spawn(
+        watcher(pods.clone(), config)
+            .default_backoff()
+            .applied_objects()
+            .for_each(move |p| {
+                if let Ok(p) = p {
+                    let _ = tx.send(p);
+                }
+                async {}
+            }),
+    );
+    (watching, rx)
 }
 
 fn status_patch() -> Patch<serde_json::Value> {
@@ -151,21 +170,7 @@ async fn resets_delays_content_types_and_ended_watches() {
 
     // A watch that ends after its first event: the watcher watches again and misses nothing.
     proxy.faults().add(Fault::end_watch_after(1).times(1));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let watching = tokio::spawn(
-        watcher(
-            pods.clone(),
-            watcher::Config::default().fields("metadata.name=a"),
-        )
-        .default_backoff()
-        .applied_objects()
-        .for_each(move |p| {
-            if let Ok(p) = p {
-                let _ = tx.send(p);
-            }
-            async {}
-        }),
-    );
+    let (watching, mut rx) = watch_a(&pods);
     timeout(T, rx.recv()).await.unwrap().unwrap();
     for value in ["one", "two"] {
         let label = Patch::Merge(json!({"metadata": {"labels": {"step": value}}}));
@@ -205,21 +210,7 @@ async fn an_outage_closes_the_port_and_watchers_recover_after_it() {
     let (cp, proxy, pods) = setup(ClientSide::Tls).await;
     assert!(proxy.url().starts_with("https://"), "{proxy:?}");
     let port = proxy.port();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let watching = tokio::spawn(
-        watcher(
-            pods.clone(),
-            watcher::Config::default().fields("metadata.name=a"),
-        )
-        .default_backoff()
-        .applied_objects()
-        .for_each(move |p| {
-            if let Ok(p) = p {
-                let _ = tx.send(p);
-            }
-            async {}
-        }),
-    );
+    let (watching, mut rx) = watch_a(&pods);
     timeout(T, rx.recv()).await.unwrap().unwrap();
     proxy.stop().await;
     assert!(!proxy.is_running());

@@ -13,7 +13,9 @@ use podprobe_manager::crd::PodProbeMarker;
 use serde_json::json;
 use testkit::real::{ControlPlane, FaultProxy};
 
-use super::{ppm, steady_pod, tv03_ppm, vk_node};
+use podprobe_manager::webhook::Mode;
+
+use super::{Started, ppm, start_manager, steady_pod, tv03_ppm, vk_node};
 
 pub struct Tv03Cluster {
     /// The manager's way to the apiserver; dropped before the control plane.
@@ -47,6 +49,20 @@ impl Tv03Cluster {
     /// The client the manager under test gets: the admin, through the proxy.
     pub fn manager_client(&self) -> kube::Client {
         self.proxy.client()
+    }
+
+    /// A standalone manager in-process (no leader election, no injection) through the proxy.
+    pub async fn start_manager(&self, dir: &Path) -> Started {
+        start_manager(self.manager_client(), dir, Mode::Standalone, None, None).await
+    }
+
+    /// Replaces node `name`'s labels with `labels` (JSON: an object, or null for none).
+    pub async fn label_node(&self, name: &str, labels: serde_json::Value) {
+        let patch = json!({"metadata": {"labels": labels}});
+        self.nodes()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("label the node");
     }
 
     pub fn pods(&self) -> Api<Pod> {
