@@ -11,6 +11,7 @@ use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::net::TcpStream;
@@ -44,6 +45,7 @@ const HOP_BY_HOP: [&str; 6] = [
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     serving: Serving,
+    link: Link,
     mut req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Dropped> {
     let path = req.uri().path().to_owned();
@@ -105,7 +107,7 @@ pub(crate) async fn handle(
 
     strip_hop_by_hop(&mut parts.headers, upgrading);
     let request = Request::from_parts(parts, Full::new(body));
-    let mut response = match send(&shared.upstream, request, upgrading).await {
+    let mut response = match send(&shared.upstream, &link, request, upgrading).await {
         Ok(response) => response,
         Err(e) => {
             entry.status = StatusCode::BAD_GATEWAY.as_u16();
@@ -140,29 +142,52 @@ pub(crate) async fn handle(
     Ok(Response::from_parts(parts, body))
 }
 
-/// Sends `request` to the apiserver on a connection of its own.
+/// The apiserver side of one client connection: kept alive between requests, as the client's
+/// own connection is, so a client's connection pattern reaches the apiserver unchanged.
+pub(crate) type Link = Arc<tokio::sync::Mutex<Option<SendRequest<Full<Bytes>>>>>;
+
+/// Sends `request` to the apiserver: on the client connection's link, or (an upgrade, which
+/// takes the connection over) on a connection of its own.
 async fn send(
     upstream: &Upstream,
+    link: &Link,
     mut request: Request<Full<Bytes>>,
     upgrading: bool,
 ) -> Result<Response<Incoming>, BoxError> {
+    request
+        .headers_mut()
+        .insert(HOST, HeaderValue::from_str(&upstream.authority)?);
+    if upgrading {
+        return Ok(connect(upstream).await?.send_request(request).await?);
+    }
+    request.headers_mut().remove(CONNECTION);
+    let mut link = link.lock().await;
+    let reusable = match link.as_mut() {
+        Some(sender) => sender.ready().await.is_ok(),
+        None => false,
+    };
+    if !reusable {
+        *link = Some(connect(upstream).await?);
+    }
+    let sender = link.as_mut().expect("a connection to the apiserver");
+    Ok(sender.send_request(request).await?)
+}
+
+/// A new TLS connection to the apiserver.
+async fn connect(upstream: &Upstream) -> Result<SendRequest<Full<Bytes>>, BoxError> {
     let tcp = TcpStream::connect(&upstream.addr).await?;
+    tcp.set_nodelay(true)?;
     let tls = upstream
         .tls
         .connect(upstream.server_name.clone(), tcp)
         .await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
     tokio::spawn(async move {
-        // Ends with the response (or the upgraded stream); its error is the request's.
+        // Ends when the link is dropped (or the upgraded stream ends); its errors are the
+        // requests'.
         let _ = connection.with_upgrades().await;
     });
-    request
-        .headers_mut()
-        .insert(HOST, HeaderValue::from_str(&upstream.authority)?);
-    if !upgrading {
-        request.headers_mut().remove(CONNECTION);
-    }
-    Ok(sender.send_request(request).await?)
+    Ok(sender)
 }
 
 /// Takes `protocol` out of the `Sec-WebSocket-Protocol` offer (one header, comma-separated,

@@ -5,9 +5,9 @@
 //! authentication, RBAC, admission and validation.
 //!
 //! The client under test talks plain HTTP or TLS (a certificate from the control plane's CA)
-//! to the proxy; the proxy opens one TLS connection to the apiserver per request and passes the
-//! request on unchanged, bearer token included, so the apiserver authenticates the client
-//! itself. Upgraded connections (`pods/exec`) are passed through byte for byte.
+//! to the proxy; the proxy keeps one TLS connection to the apiserver per client connection
+//! and passes each request on unchanged, bearer token included, so the apiserver
+//! authenticates the client itself. Upgraded connections (`pods/exec`) are passed through byte for byte.
 //! [`Faults`] decide what happens to each request; the [`Journal`] records every request that
 //! reached the proxy and how it was answered.
 //!
@@ -286,7 +286,9 @@ async fn serve_connection(
     tls: Option<tokio_rustls::TlsAcceptor>,
     serving: Serving,
 ) {
-    let service = service_fn(move |req| forward::handle(shared.clone(), serving.clone(), req));
+    let link = forward::Link::default();
+    let service =
+        service_fn(move |req| forward::handle(shared.clone(), serving.clone(), link.clone(), req));
     let http = http1::Builder::new();
     // A failed connection (a reset fault, a client that went away) ends only itself.
     let _ = match tls {
