@@ -161,7 +161,12 @@ pub fn parse(value: &str, pod: Option<&PodContainers>) -> Result<ProbeSet, Annot
     };
     let mut set = ProbeSet::default();
     let mut seen_conditions: Vec<(String, usize)> = Vec::new();
-    for (index, entry) in entries.into_iter().enumerate() {
+    for (index, mut entry) in entries.into_iter().enumerate() {
+        // Writers clear markerPolicy and nothing here reads it: whatever shape one has, it
+        // must not cost the probe (the probe type decodes it for the CRD's sake).
+        if let Some(fields) = entry.as_object_mut() {
+            fields.remove("markerPolicy");
+        }
         let name = entry
             .get("name")
             .and_then(|v| v.as_str())

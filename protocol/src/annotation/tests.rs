@@ -101,6 +101,14 @@ fn unknown_fields_are_ignored_and_ports_are_int_or_string() {
     );
 }
 
+#[test]
+fn a_malformed_marker_policy_costs_the_probe_nothing() {
+    let value = r#"[{"name":"p","containerName":"main","probe":{"tcpSocket":{"port":80}},"podConditionType":"c","markerPolicy":"not a list"}]"#;
+    let set = parse(value, None).unwrap();
+    assert!(set.invalid.is_empty(), "{:?}", set.invalid);
+    assert_eq!(set.probes.len(), 1);
+}
+
 fn one_error(probe_json: &str) -> ProbeError {
     let value = format!(
         r#"[{{"name":"p","containerName":"main","probe":{probe_json},"podConditionType":"c"}}]"#
