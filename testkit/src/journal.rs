@@ -20,8 +20,6 @@ pub struct Entry {
     pub query: String,
     /// `Content-Type` header (may be empty).
     pub content_type: String,
-    /// The authenticated user (`system:anonymous` without a token).
-    pub user: String,
     /// Request body as text (lossy UTF-8).
     pub body: String,
     /// Response status; `0` when the connection was reset by a fault.
@@ -173,7 +171,6 @@ mod tests {
             path: path.into(),
             query: String::new(),
             content_type: String::new(),
-            user: String::new(),
             body: String::new(),
             status: 200,
             fault: false,

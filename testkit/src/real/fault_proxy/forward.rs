@@ -55,8 +55,6 @@ pub(crate) async fn handle(
         time: chrono::Utc::now().to_rfc3339(),
         method: req.method().to_string(),
         content_type: header(req.headers(), CONTENT_TYPE.as_str()),
-        // The apiserver authenticates the token; the proxy does not know whose it is.
-        user: String::new(),
         body: String::new(),
         status: 0,
         fault: false,
