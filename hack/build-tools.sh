@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Builds the real Kubernetes tools the tests run (kube-apiserver, kube-controller-manager,
-# kubectl, kubelet, kube-proxy, kube-scheduler, etcd, helm, OpenKruise's kruise-manager and kruise-daemon (the current release and
-# v1.8.0, the oldest with the serverless protocol), OpenKruise Game's manager, krew and its manifest validator,
-# Prometheus' promtool, the oldest supported kube-apiserver, and the virtual-kubelet library's
-# own node agent with its mock provider, and vk-replacer: a provider built on it that does not notify) from the Go modules pinned in
-# hack/{k8s,k8s-oldest,etcd,helm,kruise,kruise-1.8,kruise-game,krew,prometheus,virtual-kubelet}, with the ordinary Go toolchain: no
-# prebuilt download. Prints, as the last line of stdout, the directory holding them.
-# OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of the
-# same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml
+# Builds the real Kubernetes tools the tests run from the Go modules pinned under hack/, with
+# the ordinary Go toolchain (no prebuilt download), one wrapper module per Kubernetes library
+# tree so that each tree is compiled once (hack/README.md):
+#   hack/k8s         kube-apiserver, kube-controller-manager, kubectl, kubelet, kube-proxy,
+#                    kube-scheduler, etcd, helm, Prometheus' promtool
+#   hack/kruise      OpenKruise's kruise-manager and kruise-daemon
+#   hack/k8s-oldest  the oldest supported kube-apiserver, kruise-manager v1.8.0 (the oldest with
+#                    the serverless protocol), the virtual-kubelet library's node agent with its
+#                    mock provider, and vk-replacer (a provider built on it that does not notify)
+#   hack/kruise-game OpenKruise Game's manager
+#   hack/krew        krew and its manifest validator
+# Prints, as the last line of stdout, the directory holding
+# them. OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of
+# the same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml
 # (v1.8.0's to ../share/kruise-v1.8.0/kruise.yaml; OpenKruise Game's to
 # ../share/kruise-game/kruise-game.yaml).
 #
@@ -21,14 +26,10 @@ set -euo pipefail
 hack="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${PODPROBE_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-tools}"
 
-key="$(cat "$hack"/k8s/go.mod "$hack"/k8s/go.sum "$hack"/etcd/go.mod "$hack"/etcd/go.sum \
-  "$hack"/helm/go.mod "$hack"/helm/go.sum "$hack"/kruise/go.mod "$hack"/kruise/go.sum \
-  "$hack"/kruise-1.8/go.mod "$hack"/kruise-1.8/go.sum \
-  "$hack"/kruise-game/go.mod "$hack"/kruise-game/go.sum \
-  "$hack"/krew/go.mod "$hack"/krew/go.sum "$hack"/prometheus/go.mod "$hack"/prometheus/go.sum \
-  "$hack"/k8s-oldest/go.mod "$hack"/k8s-oldest/go.sum \
-  "$hack"/virtual-kubelet/go.mod "$hack"/virtual-kubelet/go.sum "$hack"/virtual-kubelet/replacer/main.go \
-  "$hack"/build-tools.sh | sha256sum | cut -c1-16)"
+# Every wrapper module's pins and the replacer's source (find: any module added under hack/ is
+# part of the key without editing this line).
+key="$( (cd "$hack" && find . \( -name go.mod -o -name go.sum -o -name '*.go' \) -print | LC_ALL=C sort |
+  xargs cat; cat "$hack"/build-tools.sh) | sha256sum | cut -c1-16)"
 dest="$cache_root/$key"
 bin="$dest/bin"
 
@@ -71,39 +72,70 @@ helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
 
 rm -rf "$dest.partial"
 mkdir -p "$dest.partial/bin"
-build() { # module dir, ldflags, output (a file, or the bin dir for several), packages...
-  local dir="$1" ldflags="$2" out="$3"
-  shift 3
-  echo "podprobe tools: go build $* (cold: minutes on 2 cores)" >&2
+times="$dest.partial/build-times.txt"
+# One `go build` per call: packages compiled once per library tree (the Go build cache shares a
+# package only between builds with identical sources and dependencies: hack/README.md), links in
+# parallel. Each call's wall time goes to build-times.txt, which hack/setup-tests.sh prints.
+build() { # module dir, label, ldflags, output (a file, or a directory for several), [-tags T], packages...
+  local dir="$1" label="$2" ldflags="$3" out="$4" t0=$SECONDS
+  shift 4
+  echo "podprobe tools: go build $* in hack/$dir (cold: minutes on 2 cores)" >&2
   (cd "$hack/$dir" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" \
     -o "$out" "$@") >&2
+  printf '%s\t%s\t%s\n' "$((SECONDS - t0))" "$dir" "$label" >>"$times"
 }
 start=$(date +%s)
-build k8s "$(k8s_ldflags "$k8s_version")" "$dest.partial/bin/" k8s.io/kubernetes/cmd/kube-apiserver \
+out="$dest.partial/bin"
+work="$dest.partial/work"
+mkdir -p "$work"
+
+# hack/k8s: the Kubernetes v1.37.2 libraries. The control plane and node first (the tests'
+# every control plane), then etcd, helm and promtool on the same tree. promtool only checks and
+# unit-tests rules, so Prometheus' own build tag leaves its service discovery's cloud SDKs out
+# (plugins/, `remove_all_sd`; file, http and kubernetes discovery stay).
+build k8s "kube-apiserver, kube-controller-manager, kubectl, kubelet, kube-proxy, kube-scheduler" \
+  "$(k8s_ldflags "$k8s_version")" "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl \
   k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kube-scheduler
-build k8s-oldest "$(k8s_ldflags "$oldest_version")" "$dest.partial/bin/kube-apiserver-$oldest_version" \
-  k8s.io/kubernetes/cmd/kube-apiserver
-build etcd "-s -w" "$dest.partial/bin/etcd" go.etcd.io/etcd/server/v3
-build helm "$helm_ldflags" "$dest.partial/bin/helm" helm.sh/helm/v3/cmd/helm
-build kruise "-s -w" "$dest.partial/bin/kruise-manager" github.com/openkruise/kruise
-# kruise-daemon: PodProbeMarker probes on ordinary nodes (CRI ExecSync), for the side-by-side tests.
-build kruise "-s -w" "$dest.partial/bin/kruise-daemon" github.com/openkruise/kruise/cmd/daemon
-build kruise-1.8 "-s -w" "$dest.partial/bin/kruise-manager-v1.8.0" github.com/openkruise/kruise
-build kruise-game "-s -w" "$dest.partial/bin/kruise-game-manager" github.com/openkruise/kruise-game
-# krew as it installs itself (kubectl-krew), and the validator krew-index runs on manifests.
-build krew "-s -w" "$dest.partial/bin/kubectl-krew" sigs.k8s.io/krew/cmd/krew
-build krew "-s -w" "$dest.partial/bin/validate-krew-manifest" \
-  sigs.k8s.io/krew/cmd/validate-krew-manifest
-# promtool, which checks the chart's alert rules and evaluates them on the binaries' metrics.
-build prometheus "-s -w" "$dest.partial/bin/promtool" github.com/prometheus/prometheus/cmd/promtool
-# The node agent serverless providers build on (`--provider mock`: no containers; the library
-# reports the pods' status), to run podprobe beside what the library does to pod status.
-build virtual-kubelet "-s -w" "$dest.partial/bin/virtual-kubelet" \
-  github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet
-# The smallest provider that does not notify (hack/virtual-kubelet/replacer): the library copies
-# its status (Ready, Initialized, PodScheduled only) over the pods every 5 s, as azure-aci's does.
-build virtual-kubelet "-s -w" "$dest.partial/bin/vk-replacer" ./replacer
+build k8s "etcd" "-s -w" "$out/etcd" go.etcd.io/etcd/server/v3
+build k8s "helm" "$helm_ldflags" "$out/helm" helm.sh/helm/v3/cmd/helm
+build k8s "promtool" "-s -w" "$out/promtool" -tags remove_all_sd \
+  github.com/prometheus/prometheus/cmd/promtool
+
+# hack/kruise: OpenKruise v1.9.1's tree (its own replace list, Kubernetes libraries v0.32.10).
+# kruise-daemon runs PodProbeMarker probes on ordinary nodes (CRI ExecSync), for the
+# side-by-side tests.
+build kruise "kruise-manager, kruise-daemon" "-s -w" "$work/kruise/" \
+  github.com/openkruise/kruise github.com/openkruise/kruise/cmd/daemon
+mv "$work/kruise/kruise" "$out/kruise-manager"
+mv "$work/kruise/daemon" "$out/kruise-daemon"
+
+# hack/k8s-oldest: the Kubernetes v1.30.14 tree. The oldest kube-apiserver the chart supports;
+# OpenKruise v1.8.0 (the first release with the serverless protocol); the virtual-kubelet
+# library's own node agent (`--provider mock`: the library reports the pods' status) with the
+# smallest provider that does not notify (hack/k8s-oldest/replacer: the library copies its
+# status, Ready, Initialized and PodScheduled only, over the pods every 5 s, as azure-aci's does).
+build k8s-oldest "kube-apiserver $oldest_version" "$(k8s_ldflags "$oldest_version")" \
+  "$out/kube-apiserver-$oldest_version" k8s.io/kubernetes/cmd/kube-apiserver
+build k8s-oldest "kruise-manager v1.8.0, virtual-kubelet, vk-replacer" "-s -w" "$work/oldest/" \
+  github.com/openkruise/kruise github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet \
+  ./replacer
+mv "$work/oldest/kruise" "$out/kruise-manager-v1.8.0"
+mv "$work/oldest/virtual-kubelet" "$out/virtual-kubelet"
+mv "$work/oldest/replacer" "$out/vk-replacer"
+
+# hack/kruise-game: OpenKruise Game's manager, on a tree of its own (Kubernetes libraries
+# v0.31, controller-runtime v0.19: hack/README.md says why it joins neither neighbour).
+build kruise-game "kruise-game-manager" "-s -w" "$out/kruise-game-manager" \
+  github.com/openkruise/kruise-game
+
+# hack/krew: krew as it installs itself (kubectl-krew), and the validator krew-index runs on
+# manifests; a small tree of its own (Kubernetes libraries v0.27, seconds to build).
+build krew "kubectl-krew, validate-krew-manifest" "-s -w" "$work/krew/" \
+  sigs.k8s.io/krew/cmd/krew sigs.k8s.io/krew/cmd/validate-krew-manifest
+mv "$work/krew/krew" "$out/kubectl-krew"
+mv "$work/krew/validate-krew-manifest" "$out/validate-krew-manifest"
+rm -rf "$work"
 
 # Each module's own install manifests, as `make manifests` + kustomize would deploy them.
 kruise_manifests() { # module dir, module, share dir, file
@@ -114,7 +146,7 @@ kruise_manifests() { # module dir, module, share dir, file
     >"$dest.partial/share/$3/$4" 2> >(grep -v "is deprecated" >&2)
 }
 kruise_manifests kruise github.com/openkruise/kruise kruise kruise.yaml
-kruise_manifests kruise-1.8 github.com/openkruise/kruise kruise-v1.8.0 kruise.yaml
+kruise_manifests k8s-oldest github.com/openkruise/kruise kruise-v1.8.0 kruise.yaml
 kruise_manifests kruise-game github.com/openkruise/kruise-game kruise-game kruise-game.yaml
 
 rm -rf "$dest"

@@ -1,5 +1,5 @@
 //! The oldest Kubernetes the chart claims (`kubeVersion: >=1.30.0-0`), run, not only declared:
-//! kube-apiserver v1.30.14 built from its own module (`hack/k8s-oldest`). On it: `helm install`
+//! kube-apiserver v1.30.14 built from the pinned module `hack/k8s-oldest`. On it: `helm install`
 //! (helm checks the live cluster's version against the chart's claim), the pod webhook's
 //! injection (a native sidecar), the sidecar's conditions through the `pods/status` admission
 //! policy, the manager's markers, and the policy refusing a neighbour's status.

@@ -53,7 +53,7 @@ pub struct KruiseAddrs {
 }
 
 /// The kruise-manager releases the tests run, each built from its own pinned module with its
-/// own install manifests (`hack/kruise`, `hack/kruise-1.8`).
+/// own install manifests (v1.9.1 from `hack/kruise`, v1.8.0 from `hack/k8s-oldest`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KruiseRelease {
     /// v1.9.1, the newest the module proxy serves here: what the tests run by default.

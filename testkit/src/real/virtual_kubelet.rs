@@ -1,5 +1,5 @@
 //! The virtual-kubelet library's own node agent (`cmd/virtual-kubelet --provider mock`, built
-//! from the module pinned in `hack/virtual-kubelet`) registered as a node of a
+//! from the module pinned in `hack/k8s-oldest`) registered as a node of a
 //! [`ControlPlane`]: what serverless providers run instead of a kubelet. The mock provider runs
 //! no containers; the library writes the pods' status (`UpdateStatus`, the whole `.status`).
 //!
@@ -9,7 +9,7 @@
 //! `system:node:` user), and serves its kubelet API with a certificate from the test CA. The
 //! library labels the node `type=virtual-kubelet` and taints it `virtual-kubelet.io/provider`.
 //!
-//! [`Provider::Replacer`] is `vk-replacer` (`hack/virtual-kubelet/replacer`): the smallest
+//! [`Provider::Replacer`] is `vk-replacer` (`hack/k8s-oldest/replacer`): the smallest
 //! provider built on the library that does not notify, so the library copies its status
 //! (Ready, Initialized, PodScheduled only, as azure-aci's) over the pods every 5 s.
 
