@@ -32,6 +32,13 @@ static_toolchains() {
 # (testkit/src/real/node/images/cargo.rs: the same commands, target directory and outputs, under
 # the same lock), built here so that no test waits minutes on that lock: hack/build-static.sh
 # for both architectures and the native test game server. cargo makes it a no-op when current.
+timed() { # label, command...: runs it, then prints its wall time under the step
+  local label="$1" t0=$SECONDS
+  shift
+  "$@"
+  printf '   %6d s  %s\n' "$((SECONDS - t0))" "$label"
+}
+
 image_binaries() {
   local root="${CARGO_TARGET_DIR:-}"
   [[ "$root" == /* ]] || root="$PWD/target"
@@ -46,9 +53,12 @@ image_binaries() {
     exec 8>"$root/lock"
     flock 8
     # --plugin: the kubectl plugin besides, which the release test's hack/release.sh builds.
-    hack/build-static.sh amd64 "$root/binaries-amd64/dist" --plugin
-    hack/build-static.sh arm64 "$root/binaries-arm64/dist" --plugin
-    cargo build --quiet --locked --target "$native" --profile sidecar -p podprobe-test-gameserver
+    timed "static binaries, amd64 (podprobe, podprobe-manager, kubectl-podprobe)" \
+      hack/build-static.sh amd64 "$root/binaries-amd64/dist" --plugin
+    timed "static binaries, arm64 (podprobe, podprobe-manager, kubectl-podprobe)" \
+      hack/build-static.sh arm64 "$root/binaries-arm64/dist" --plugin
+    timed "test game server ($native)" \
+      cargo build --quiet --locked --target "$native" --profile sidecar -p podprobe-test-gameserver
   )
 }
 
@@ -70,6 +80,13 @@ go_tools_and_image_binaries() {
   echo "   the images' static binaries: $((SECONDS - start)) s"
   wait "$go_pid" || go_status=$?
   echo "   Go tools (hack/build-tools.sh): $(cat "$go_time") s"
+  # Each `go build` of a cold build (none when the tools were already built for these pins).
+  local bin times
+  bin="$(tail -n 1 "$go_log")"
+  times="$bin/../build-times.txt"
+  if [ "$go_status" -eq 0 ] && [ "$(cat "$go_time")" -gt 1 ] && [ -f "$times" ]; then
+    awk -F '\t' '{printf "   %6d s  go build in hack/%s: %s\n", $1, $2, $3}' "$times"
+  fi
   if [ "$go_status" -ne 0 ]; then
     tail -n 40 "$go_log" >&2
     echo "hack/build-tools.sh failed (exit $go_status)" >&2
