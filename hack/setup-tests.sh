@@ -66,7 +66,8 @@ image_binaries() {
 # (hack/README.md), side by side with the static Rust builds: both are minutes when cold, and
 # each has long single-threaded stretches (Go's links, fat LTO) the other fills.
 go_tools_and_image_binaries() {
-  local go_log go_time go_status=0 start=$SECONDS
+  local go_log go_time go_status=0 start=$SECONDS began
+  began="$(date +%s)"
   go_log="$(mktemp)"
   go_time="$(mktemp)"
   (
@@ -80,11 +81,11 @@ go_tools_and_image_binaries() {
   echo "   the images' static binaries: $((SECONDS - start)) s"
   wait "$go_pid" || go_status=$?
   echo "   Go tools (hack/build-tools.sh): $(cat "$go_time") s"
-  # Each `go build` of a cold build (none when the tools were already built for these pins).
-  local bin times
-  bin="$(tail -n 1 "$go_log")"
-  times="$bin/../build-times.txt"
-  if [ "$go_status" -eq 0 ] && [ "$(cat "$go_time")" -gt 1 ] && [ -f "$times" ]; then
+  # Each `go build` of this step's build: a build-times.txt written since the step began (a
+  # build finished by an earlier run keeps its older file).
+  local times
+  times="$(tail -n 1 "$go_log")/../build-times.txt"
+  if [ "$go_status" -eq 0 ] && [ -f "$times" ] && [ "$(stat -c %Y "$times")" -ge "$began" ]; then
     awk -F '\t' '{printf "   %6d s  go build in hack/%s: %s\n", $1, $2, $3}' "$times"
   fi
   if [ "$go_status" -ne 0 ]; then
