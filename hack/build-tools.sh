@@ -10,11 +10,10 @@
 #                    mock provider, and vk-replacer (a provider built on it that does not notify)
 #   hack/kruise-game OpenKruise Game's manager
 #   hack/krew        krew and its manifest validator
-# Prints, as the last line of stdout, the directory holding
-# them. OpenKruise's install manifests (CRDs, RBAC, webhook configurations: `config/default` of
-# the same module version, rendered by the kubectl built here) go to ../share/kruise/kruise.yaml
-# (v1.8.0's to ../share/kruise-v1.8.0/kruise.yaml; OpenKruise Game's to
-# ../share/kruise-game/kruise-game.yaml).
+# Prints, as the last line of stdout, the directory holding them. OpenKruise's install manifests
+# (CRDs, RBAC, webhook configurations: `config/default` of the same module version, rendered by
+# the kubectl built here) go to ../share/kruise/kruise.yaml (v1.8.0's to
+# ../share/kruise-v1.8.0/kruise.yaml; OpenKruise Game's to ../share/kruise-game/kruise-game.yaml).
 #
 # The binaries go to a cache outside the clone, keyed by a hash of the pinned modules and this
 # script, so a fresh clone of the same commit reuses them and a version bump rebuilds. A second
