@@ -1,5 +1,6 @@
 //! podprobe: runs OpenKruise PodProbeMarker probes from inside a pod.
 //!
+//! - [`apiserver`]: the sidecar's apiserver client (one HTTP/2 connection, none while idle);
 //! - [`annotation`]: reading `kruise.io/podprobe` (whose protocol is the `podprobe-protocol`
 //!   crate, shared with the manager) into probes the runner can run;
 //! - [`probe`]: one attempt of an exec, tcpSocket, httpGet or grpc probe;
@@ -11,6 +12,7 @@
 //!   default feature `demo` only; the shipped sidecar leaves it out).
 
 pub mod annotation;
+pub mod apiserver;
 pub mod check;
 pub mod condition;
 #[cfg(feature = "demo")]

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use podprobe::demo::{GamePort, serve_health};
 use serde_json::json;
 use support::*;
+use testkit::real::usage::{Connection, connections};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -650,4 +652,169 @@ async fn wait_counter(port: u16, name: &str, n: u64) {
     tokio::time::timeout(LIMIT, wait)
         .await
         .unwrap_or_else(|_| panic!("{name} did not reach {n}"));
+}
+
+/// The sidecar's established connections to the apiserver at `url`.
+fn apiserver_connections(sidecar: &Sidecar, url: &str) -> Vec<Connection> {
+    let apiserver: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
+    connections(sidecar.pid().as_raw() as u32)
+        .into_iter()
+        .filter(|c| c.remote == apiserver)
+        .collect()
+}
+
+/// Records every connection the sidecar holds to the apiserver, reading its descriptors every
+/// 5 ms, until the returned stop is set: a second connection lives at least a request's round
+/// trip, many readings.
+fn record_connections(
+    sidecar: &Sidecar,
+    url: &str,
+) -> (
+    Arc<AtomicBool>,
+    tokio::task::JoinHandle<BTreeSet<Connection>>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let pid = sidecar.pid();
+    let url = url.to_owned();
+    let stopped = stop.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let apiserver: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
+        let mut seen = BTreeSet::new();
+        while !stopped.load(Ordering::Relaxed) {
+            seen.extend(
+                connections(pid.as_raw() as u32)
+                    .into_iter()
+                    .filter(|c| c.remote == apiserver),
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        seen
+    });
+    (stop, task)
+}
+
+/// Waits until the sidecar holds exactly `n` connections to the apiserver.
+async fn wait_connections(sidecar: &Sidecar, url: &str, n: usize) -> Vec<Connection> {
+    let held = async {
+        loop {
+            let held = apiserver_connections(sidecar, url);
+            if held.len() == n {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(LIMIT, held).await.unwrap_or_else(|_| {
+        panic!(
+            "the sidecar did not come to {n} apiserver connections: {:?}",
+            apiserver_connections(sidecar, url)
+        )
+    })
+}
+
+/// Its pod's watch, twenty status patches and their Events share one connection to the
+/// apiserver (HTTP/2, multiplexed), and no write opens a second one. With kube-rs' default
+/// HTTP/1.1 client each write in flight beside the watch took a connection of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_writes_and_events_share_one_apiserver_connection() {
+    const TRANSITIONS: u64 = 20;
+    let cluster = Cluster::start().await;
+    let url = cluster.cp.url().to_owned();
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let pod = cluster
+        .create_pod("gs-c", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
+    let port = free_port();
+    let sidecar = cluster
+        .sidecar_direct(
+            &pod,
+            &[
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+                "--event-burst",
+                "100",
+            ],
+        )
+        .await;
+    wait_counter(port, "podprobe_status_writes_total", 1).await;
+    assert!(
+        sidecar
+            .log()
+            .contains("reads its probes from the apiserver")
+    );
+    // `--exec-mode auto` asked pods/exec once (an HTTP/1.1 upgrade, refused by the Role): that
+    // connection closes on its own, the watch's stays.
+    sidecar.wait_log("falling back to local", LIMIT).await;
+    let held = wait_connections(&sidecar, &url, 1).await;
+
+    let (stop, recorder) = record_connections(&sidecar, &url);
+    for i in 1..=TRANSITIONS {
+        if i % 2 == 1 {
+            std::fs::remove_file(&flag).unwrap();
+        } else {
+            std::fs::write(&flag, "up").unwrap();
+        }
+        wait_counter(port, "podprobe_status_writes_total", 1 + i).await;
+    }
+    // Every transition's Event is out too (created, or patched into a series).
+    let event_writes = || {
+        cluster
+            .audit_by_sidecar(|e| {
+                (e.is("create", "events", None) || e.is("patch", "events", None)) && e.code() < 300
+            })
+            .len() as u64
+    };
+    wait_until(LIMIT, "an Event per transition", || {
+        event_writes() > TRANSITIONS
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = recorder.await.unwrap();
+    assert_eq!(
+        seen,
+        held.into_iter().collect(),
+        "every request on the watch's connection"
+    );
+}
+
+/// With the file source the sidecar only writes: its connection closes a few seconds after the
+/// last write, so an idle fleet holds none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_source_sidecar_closes_its_connection_after_its_writes() {
+    let cluster = Cluster::start().await;
+    let url = cluster.cp.url().to_owned();
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let annotation = array(&[file_probe("p", "c/p", &flag)]);
+    let pod = cluster.create_pod("gs-f", &annotation, json!([])).await;
+    let annotations = cluster.annotations_file(&annotation);
+    let uid = pod.metadata.uid.clone().unwrap();
+    let port = free_port();
+    let sidecar = cluster
+        .sidecar_direct(
+            &pod,
+            &[
+                "--source",
+                "file",
+                "--annotations-file",
+                annotations.to_str().unwrap(),
+                "--pod-uid",
+                &uid,
+                "--metrics-addr",
+                &format!("127.0.0.1:{port}"),
+            ],
+        )
+        .await;
+    wait_counter(port, "podprobe_status_writes_total", 1).await;
+    wait_connections(&sidecar, &url, 0).await;
+
+    // A transition opens one for its patch and Event, and it closes again.
+    let (stop, recorder) = record_connections(&sidecar, &url);
+    std::fs::remove_file(&flag).unwrap();
+    wait_counter(port, "podprobe_status_writes_total", 2).await;
+    wait_connections(&sidecar, &url, 0).await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = recorder.await.unwrap();
+    assert_eq!(seen.len(), 1, "one connection for the write: {seen:?}");
 }

@@ -3,10 +3,9 @@
 //!
 //! One instance per process is what a cluster runs. Beyond a few hundred pods this machine's
 //! memory and scheduler would be spent on process overhead, so a process then hosts several
-//! instances. The apiserver cannot tell: every instance builds its own client from its own
-//! pod's kubeconfig (its own pod-bound token), so it has its own connection pool, TLS sessions
-//! and HTTP/1.1 connections (one per watch, as kube-rs keeps them), its own watch on its own
-//! pod, and its own writer; nothing between instances is shared but the process' runtime and
+//! instances. The apiserver cannot tell: every instance builds its own clients from its own
+//! pod's kubeconfig (its own pod-bound token) as `podprobe run` does (`podprobe::apiserver`),
+//! so it has its own connection, TLS session, watch on its own pod, and writer; nothing between instances is shared but the process' runtime and
 //! allocator. What does change is the per-pod memory figure (the runtime and allocator are
 //! shared; bench_sidecar measures one sidecar per process) and CPU scheduling.
 
@@ -152,13 +151,12 @@ pub async fn host(spec: PathBuf) -> Result<(), FleetError> {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .map_err(|e| FleetError::Setup(format!("{}: {e}", pod.kubeconfig.display())))?;
-        let client = kube::Client::try_from(config)?;
         let options = options(&pod, spec.source, spec.event_burst, spec.overwrite_repair);
         tasks.spawn(async move {
             let name = options.identity.name.clone();
-            if let Err(e) = podprobe::sidecar::run_with_client(
+            if let Err(e) = podprobe::sidecar::run_with_config(
                 options,
-                client,
+                config,
                 podprobe::shutdown::termination(),
             )
             .await

@@ -16,6 +16,7 @@ use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::apiserver::{self, Clients, Idle};
 use crate::condition::writer::ApiserverAnswered;
 use crate::events::{EventBudget, EventSink};
 use crate::metrics::Metrics;
@@ -49,6 +50,8 @@ pub struct SidecarOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SidecarError {
+    #[error("cannot build the apiserver client: {0}")]
+    Client(#[from] apiserver::ClientError),
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
         addr: SocketAddr,
@@ -65,23 +68,23 @@ pub async fn run(
     options: SidecarOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), SidecarError> {
-    run_with(options, connect(), shutdown).await
+    run_with(options, configure(), shutdown).await
 }
 
-/// [`run`] with a client made by the caller instead of the in-cluster service account or
-/// KUBECONFIG: for hosting several sidecars in one process (the fleet benchmark), each with
-/// its own client, connections and token, as separate pods would have.
-pub async fn run_with_client(
+/// [`run`] with a configuration made by the caller instead of the in-cluster service account
+/// or KUBECONFIG: for hosting several sidecars in one process (the fleet benchmark), each with
+/// its own clients, connection and token, as separate pods would have.
+pub async fn run_with_config(
     options: SidecarOptions,
-    client: Client,
+    config: kube::Config,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), SidecarError> {
-    run_with(options, std::future::ready(client), shutdown).await
+    run_with(options, std::future::ready(config), shutdown).await
 }
 
 async fn run_with(
     options: SidecarOptions,
-    client: impl std::future::Future<Output = Client>,
+    config: impl std::future::Future<Output = kube::Config>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), SidecarError> {
     let metrics = Metrics::new();
@@ -97,12 +100,14 @@ async fn run_with(
         tracing::info!("serving /metrics, /healthz and /readyz on {local}");
     }
     let mut shutdown = std::pin::pin!(shutdown);
-    let client = tokio::select! {
-        client = client => client,
+    let config = tokio::select! {
+        config = config => config,
         () = &mut shutdown => return Ok(()),
     };
-
-    let (source, why) = pod::choose_source(options.source, Some(&client), &options.identity).await;
+    let (source, why, clients) = tokio::select! {
+        chosen = choose_source(&options, &config) => chosen?,
+        () = &mut shutdown => return Ok(()),
+    };
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         pod = %format!("{}/{}", options.identity.namespace, options.identity.name),
@@ -120,9 +125,10 @@ async fn run_with(
              will be written; set POD_UID from the downward API (fieldPath: metadata.uid)"
         );
     }
+    let client = &clients.requests;
     let answered = ApiserverAnswered::default();
-    let (source_task, views) = start_source(source, &client, &options, &metrics, &answered);
-    let (mut sidecar, reports) = Sidecar::new(&client, options, metrics, answered);
+    let (source_task, views) = start_source(source, client, &options, &metrics, &answered);
+    let (mut sidecar, reports) = Sidecar::new(&clients, options, metrics, answered);
     sidecar.run_until(views, reports, shutdown).await;
 
     tracing::info!("SIGTERM: stopping probes and flushing pending condition writes");
@@ -184,9 +190,31 @@ fn refresh_check_period(refresh_interval: Duration) -> Duration {
     }
 }
 
-/// Connects to the apiserver, retrying with backoff: without a client the sidecar can write
+/// Picks the pod's source and builds the clients its connection use calls for: a watch keeps
+/// its connection open, the file source lets it close between writes
+/// ([`apiserver::Idle`]).
+async fn choose_source(
+    options: &SidecarOptions,
+    config: &kube::Config,
+) -> Result<(SourceKind, String, Clients), SidecarError> {
+    if options.source == SourceKind::File {
+        let (source, why) = pod::choose_source(SourceKind::File, None, &options.identity).await;
+        return Ok((source, why, Clients::new(config, Idle::Close)?));
+    }
+    let clients = Clients::new(config, Idle::Keep)?;
+    let (source, why) =
+        pod::choose_source(options.source, Some(&clients.requests), &options.identity).await;
+    let clients = match source {
+        SourceKind::File => Clients::new(config, Idle::Close)?,
+        _ => clients,
+    };
+    Ok((source, why, clients))
+}
+
+/// The in-cluster service account's (or KUBECONFIG's) configuration, once clients can be built
+/// from it (its CA and token readable), retrying with backoff: without it the sidecar can write
 /// nothing, but exiting would only crash-loop the pod.
-async fn connect() -> Client {
+async fn configure() -> kube::Config {
     const MAX_WAIT: Duration = Duration::from_secs(60);
     let mut waits = ExponentialBuilder::default()
         .with_min_delay(Duration::from_secs(1))
@@ -195,8 +223,14 @@ async fn connect() -> Client {
         .without_max_times()
         .build();
     loop {
-        match Client::try_default().await {
-            Ok(client) => return client,
+        let configured = match kube::Config::infer().await {
+            Ok(config) => Clients::new(&config, Idle::Close)
+                .map(|_| config)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match configured {
+            Ok(config) => return config,
             Err(e) => {
                 let wait = waits.next().unwrap_or(MAX_WAIT);
                 tracing::error!(

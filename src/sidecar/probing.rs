@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, Client};
+use kube::Api;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use super::repair::{Repairs, Seen};
 use super::{SidecarOptions, event_sink, refresh_check_period};
 use crate::annotation::{self, PodContainers};
+use crate::apiserver::Clients;
 use crate::condition::writer::{ApiserverAnswered, ConditionWriter, WriterConfig};
 use crate::condition::{ConditionBook, FIELD_MANAGER};
 use crate::events::EventSink;
@@ -46,11 +47,12 @@ pub(super) struct Sidecar {
 
 impl Sidecar {
     pub(super) fn new(
-        client: &Client,
+        clients: &Clients,
         options: SidecarOptions,
         metrics: Metrics,
         answered: ApiserverAnswered,
     ) -> (Self, mpsc::Receiver<WorkerReport>) {
+        let client = &clients.requests;
         let identity = &options.identity;
         let (uid, uid_rx) = watch::channel(identity.uid.clone());
         let pods: Api<Pod> = Api::namespaced(client.clone(), &identity.namespace);
@@ -68,7 +70,7 @@ impl Sidecar {
         let exec = ExecConfig {
             mode: options.exec_mode,
             api: Some(ApiExec::new(
-                client.clone(),
+                clients.upgrades.clone(),
                 &identity.namespace,
                 identity.name.clone(),
             )),

@@ -154,6 +154,22 @@ impl Cluster {
         self.sidecar_with_token(pod.metadata.name.as_deref().unwrap(), &token, extra)
     }
 
+    /// [`Cluster::sidecar`] talking to the apiserver itself, not through the fault proxy (which
+    /// speaks HTTP/1.1 only): what a pod's sidecar reaches in a cluster.
+    pub async fn sidecar_direct(&self, pod: &Pod, extra: &[&str]) -> Sidecar {
+        let token = self
+            .cp
+            .pod_token(SIDECAR_SA, pod)
+            .await
+            .expect("pod-bound token");
+        let name = pod.metadata.name.as_deref().unwrap();
+        let kubeconfig = unique(self.dir.path(), name, "kubeconfig");
+        self.cp
+            .write_kubeconfig_for_token(&kubeconfig, &token)
+            .expect("kubeconfig");
+        start_sidecar(self.dir.path(), &kubeconfig, name, extra)
+    }
+
     /// Pod `name` with one probe (`podConditionType` `condition_type`) reading a flag file
     /// that says "up", its sidecar serving metrics, once the condition is `True`.
     pub async fn probed_pod(&self, name: &str, condition_type: &str) -> ProbedPod {

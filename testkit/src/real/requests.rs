@@ -127,6 +127,20 @@ impl ControlPlane {
         Ok(self.client().request_text(request).await?)
     }
 
+    /// The apiserver's live Go heap in bytes: `HeapAlloc` right after a collection it is asked
+    /// to run (`/debug/pprof/heap?gc=1`). Steadier than RSS or `heap_inuse`, which carry what
+    /// the next collection would free.
+    pub async fn live_heap_bytes(&self) -> Result<u64, Error> {
+        let request = http::Request::get("/debug/pprof/heap?gc=1&debug=1")
+            .body(Vec::new())
+            .map_err(|e| Error::Other(e.to_string()))?;
+        let profile = self.client().request_text(request).await?;
+        profile
+            .lines()
+            .find_map(|l| l.strip_prefix("# HeapAlloc = ")?.trim().parse().ok())
+            .ok_or_else(|| Error::Other("the heap profile carries no HeapAlloc line".into()))
+    }
+
     /// `apiserver_request_total` summed over response codes for one verb (as the metric spells
     /// it: `PATCH`, `POST`, `WATCH`, ...), resource and subresource (`""` for none).
     pub async fn request_count(

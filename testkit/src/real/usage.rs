@@ -34,6 +34,39 @@ pub fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// One established TCP connection of a process, as the kernel lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Connection {
+    pub local: std::net::SocketAddr,
+    pub remote: std::net::SocketAddr,
+}
+
+/// The established TCP connections (IPv4 and IPv6) process `pid` holds a descriptor of; empty
+/// when it is gone. Reads the connection tables of this process' network namespace, which is
+/// the other process' too in the tests and benchmarks.
+pub fn connections(pid: u32) -> Vec<Connection> {
+    use procfs::process::{FDTarget, Process};
+    let Ok(fds) = Process::new(pid as i32).and_then(|p| p.fd()) else {
+        return Vec::new();
+    };
+    let inodes: std::collections::HashSet<u64> = fds
+        .filter_map(|fd| match fd.ok()?.target {
+            FDTarget::Socket(inode) => Some(inode),
+            _ => None,
+        })
+        .collect();
+    let mut table = procfs::net::tcp().unwrap_or_default();
+    table.extend(procfs::net::tcp6().unwrap_or_default());
+    table
+        .into_iter()
+        .filter(|e| e.state == procfs::net::TcpState::Established && inodes.contains(&e.inode))
+        .map(|e| Connection {
+            local: e.local_address,
+            remote: e.remote_address,
+        })
+        .collect()
+}
+
 /// The cores `pids` used together between two readings of [`cpu_ticks`] `seconds` apart.
 pub fn cores(before: u64, after: u64, seconds: f64) -> f64 {
     after.saturating_sub(before) as f64 / TICKS_PER_SECOND / seconds
@@ -56,5 +89,20 @@ mod tests {
         assert!(rss_kib(pid) > 0);
         assert_eq!(cpu_ticks(u32::MAX), 0, "no such process");
         assert!((cores(0, 200, 2.0) - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_connection_is_listed_for_the_process_that_holds_it_until_closed() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(server).unwrap();
+        let ours = |c: &Connection| c.remote == server;
+        let held = connections(std::process::id());
+        assert_eq!(held.iter().filter(|c| ours(c)).count(), 1, "{held:?}");
+        let held = held.into_iter().find(|c| ours(c)).unwrap();
+        assert_eq!(held.local, client.local_addr().unwrap());
+        drop(client);
+        assert!(!connections(std::process::id()).iter().any(ours));
+        assert!(connections(u32::MAX).is_empty(), "no such process");
     }
 }
