@@ -84,7 +84,7 @@ pub struct FleetOptions {
 }
 
 /// Open files a production kube-apiserver may hold (containerd's and systemd units'
-/// `LimitNOFILE`): every sidecar keeps two connections to it, a watch and one for writes.
+/// `LimitNOFILE`): every sidecar holds a connection to it.
 const OPEN_FILES: u64 = 1 << 20;
 
 /// Raises this process' open-files limit towards [`OPEN_FILES`], so the control plane it
@@ -176,7 +176,9 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         None => {
             let made = flipping.await;
             let after = measure::sample(&cluster, &processes).await?;
-            (made, measure::window(&before, &after, &processes, n), None)
+            let mut window = measure::window(&before, &after, &processes, n);
+            window.footprint = Some(measure::footprint(&cluster, &processes).await?);
+            (made, window, None)
         }
         Some(plan) => {
             let fault = outage::inject(&mut cluster, &processes, &before, plan, n);
@@ -245,6 +247,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         .filter_map(|c| Some(c.status_answered?.duration_since(c.at).as_secs_f64() * 1000.0))
         .collect();
     let flips = all.len().max(1) as f64;
+    let base = baseline.footprint;
+    let per_sidecar = |w: &measure::Window| Some(w.footprint?.over(&base?, n));
     Ok(Report {
         pods: n,
         source: options.source,
@@ -274,6 +278,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         manager_rss_mib: flipping.manager_rss_mib,
         empty,
         baseline,
+        flipping_per_sidecar: per_sidecar(&flipping),
+        idle_per_sidecar: per_sidecar(&idle),
         idle,
         idle_sidecar_requests,
         flipping,

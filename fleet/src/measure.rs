@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use testkit::real::metrics::{self, RequestCounts};
-use testkit::real::usage::{cores, cpu_ticks, rss_kib};
+use testkit::real::usage::{connections, cores, cpu_ticks, rss_kib};
 
 use crate::FleetError;
 use crate::cluster::Cluster;
@@ -71,7 +71,8 @@ pub async fn sample(cluster: &Cluster, processes: &Processes) -> Result<Sample, 
     })
 }
 
-/// A window in which the run only waits for `length`: the cost of what is standing.
+/// A window in which the run only waits for `length`: the cost of what is standing, with the
+/// apiserver's [`Footprint`] at its end.
 pub async fn quiet(
     cluster: &Cluster,
     processes: &Processes,
@@ -81,7 +82,64 @@ pub async fn quiet(
     let before = sample(cluster, processes).await?;
     tokio::time::sleep(length).await;
     let after = sample(cluster, processes).await?;
-    Ok(window(&before, &after, processes, pods))
+    let mut window = window(&before, &after, processes, pods);
+    window.footprint = Some(footprint(cluster, processes).await?);
+    Ok(window)
+}
+
+/// What the apiserver holds at one moment. Taken after a window's last reading: the forced
+/// collection it asks for costs the apiserver CPU that is not the window's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Footprint {
+    /// Established connections on the apiserver's serving port (clients', not its own to etcd).
+    pub apiserver_connections: usize,
+    /// Its Go heap right after a collection (`/debug/pprof/heap?gc=1`): what it holds alive,
+    /// without the garbage RSS and `heap_inuse` carry until the next collection.
+    pub apiserver_live_heap_mib: f64,
+    pub apiserver_rss_mib: f64,
+}
+
+/// The apiserver's growth per sidecar from a run without them to one with them: the names
+/// are those of `bench_fleet`'s JSON line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct PerSidecar {
+    pub apiserver_connections_per_sidecar: f64,
+    pub apiserver_live_heap_mib_per_sidecar: f64,
+    pub apiserver_rss_mib_per_sidecar: f64,
+}
+
+impl Footprint {
+    /// This footprint's growth over `base` (the same pods without sidecars), per sidecar.
+    pub fn over(&self, base: &Footprint, sidecars: usize) -> PerSidecar {
+        let n = sidecars.max(1) as f64;
+        PerSidecar {
+            apiserver_connections_per_sidecar: (self.apiserver_connections as f64
+                - base.apiserver_connections as f64)
+                / n,
+            apiserver_live_heap_mib_per_sidecar: (self.apiserver_live_heap_mib
+                - base.apiserver_live_heap_mib)
+                / n,
+            apiserver_rss_mib_per_sidecar: (self.apiserver_rss_mib - base.apiserver_rss_mib) / n,
+        }
+    }
+}
+
+pub async fn footprint(cluster: &Cluster, processes: &Processes) -> Result<Footprint, FleetError> {
+    let serving: SocketAddr = cluster
+        .cp
+        .url()
+        .trim_start_matches("https://")
+        .parse()
+        .map_err(|e| FleetError::Setup(format!("apiserver url: {e}")))?;
+    let live_heap = cluster.cp.live_heap_bytes().await?;
+    Ok(Footprint {
+        apiserver_connections: connections(processes.apiserver)
+            .iter()
+            .filter(|c| c.local.port() == serving.port())
+            .count(),
+        apiserver_live_heap_mib: live_heap as f64 / 1024.0 / 1024.0,
+        apiserver_rss_mib: mib(rss_kib(processes.apiserver)),
+    })
 }
 
 /// A window's figures.
@@ -110,6 +168,8 @@ pub struct Window {
     /// `VERB resource[/subresource]` → requests per second over the window.
     pub requests_per_second: BTreeMap<String, f64>,
     pub patch_status_p99_ms: Option<f64>,
+    /// The apiserver's [`Footprint`] at the window's end, where the run took it.
+    pub footprint: Option<Footprint>,
 }
 
 fn mib(kib: u64) -> f64 {
@@ -164,5 +224,6 @@ pub fn window(before: &Sample, after: &Sample, processes: &Processes, pods: usiz
         ),
         requests_per_second,
         patch_status_p99_ms: metrics::quantile(&patch_buckets, 0.99).map(|s| s * 1000.0),
+        footprint: None,
     }
 }

@@ -1,7 +1,7 @@
 //! The bench's result: one JSON object (its last line of output) and a readable summary.
 
 use crate::cluster::ManagerKind;
-use crate::measure::Window;
+use crate::measure::{PerSidecar, Window};
 use crate::outage::OutageReport;
 
 /// Where the sidecars read their probes.
@@ -62,6 +62,12 @@ pub struct Report {
     pub idle_sidecar_requests: std::collections::BTreeMap<String, usize>,
     /// Up to the outage when there is one.
     pub flipping: Window,
+    /// What the sidecars cost the apiserver at the flipping window's end, over the baseline
+    /// (none with an outage).
+    #[serde(flatten)]
+    pub flipping_per_sidecar: Option<PerSidecar>,
+    /// The same at the idle window's end.
+    pub idle_per_sidecar: Option<PerSidecar>,
     pub outage: Option<OutageReport>,
 }
 
@@ -160,6 +166,20 @@ impl Report {
             ));
         }
         out.push_str(&self.idle_cost());
+        for (name, per) in [
+            ("idle", &self.idle_per_sidecar),
+            ("flipping", &self.flipping_per_sidecar),
+        ] {
+            if let Some(p) = per {
+                out.push_str(&format!(
+                    "apiserver per sidecar at the {name} window's end, over the pods without \
+                     sidecars: {:.3} connections, live heap {:.3} MiB, RSS {:.3} MiB\n",
+                    p.apiserver_connections_per_sidecar,
+                    p.apiserver_live_heap_mib_per_sidecar,
+                    p.apiserver_rss_mib_per_sidecar,
+                ));
+            }
+        }
         if let Some(o) = &self.outage {
             let requests: f64 = o.after_recovery.requests_per_second.values().sum();
             out.push_str(&format!(

@@ -1,9 +1,9 @@
 //! The fleet benchmark at small N in the suite: 200 pods, each with its own sidecar instance
-//! (the real sidecar code, 20 per process) and its own pod-bound token, watch and connections,
+//! (the real sidecar code, 20 per process) and its own pod-bound token, watch and connection,
 //! podprobe-manager installed by the chart, 5 % of the pods flipping their http probe every
 //! second. Fails when a flip's marker never shows, when a flip costs more than one status
-//! patch or more than one marker write, or when an idle sidecar writes anything or keeps
-//! reconnecting.
+//! patch or more than one marker write, when an idle sidecar writes anything or keeps
+//! reconnecting, or when a sidecar holds more than its one connection to the apiserver.
 
 mod support;
 
@@ -52,4 +52,19 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
         report.pods,
         report.idle.seconds
     );
+
+    // One connection per sidecar, its watch's, which its writes share: idle and while flipping
+    // (as the apiserver's own descriptors show, over the same pods without sidecars).
+    for (window, per) in [
+        ("idle", report.idle_per_sidecar),
+        ("flipping", report.flipping_per_sidecar),
+    ] {
+        let connections = per
+            .unwrap_or_else(|| panic!("no footprint at the {window} window's end"))
+            .apiserver_connections_per_sidecar;
+        assert!(
+            (0.95..=1.05).contains(&connections),
+            "{connections:.3} apiserver connections per sidecar at the {window} window's end"
+        );
+    }
 }
