@@ -21,9 +21,9 @@ use kube::client::{ClientBuilder, ConfigExt};
 use kube::{Client, Config};
 use tower::ServiceBuilder;
 
-/// How long a connection with no request in flight stays open when nothing needs it open:
-/// long enough to carry a burst of writes (a transition's status patch and its Event),
-/// short enough that an idle fleet holds no connections.
+/// How long the file source's connection stays open with no request in flight: long enough to
+/// carry a burst of writes (a transition's status patch and its Event), short enough that an
+/// idle fleet holds no connections.
 pub const IDLE_CLOSE: Duration = Duration::from_secs(5);
 
 /// With a request open (a watch) but no frame for this long, the connection is checked with an
@@ -39,8 +39,9 @@ pub enum Idle {
     /// Keep it (the api source: the pod's watch always has a request in flight, and a pooled
     /// connection expired under a running watch would make the next write open a second one).
     Keep,
-    /// Close it [`IDLE_CLOSE`] after its last request (the file source: it only writes).
-    Close,
+    /// Close it this long after its last request ([`IDLE_CLOSE`] for the file source, which
+    /// only writes).
+    CloseAfter(Duration),
 }
 
 /// The sidecar's clients, built from one configuration (the same token and CA).
@@ -72,7 +73,7 @@ impl Clients {
     pub fn new(config: &Config, idle: Idle) -> Result<Clients, ClientError> {
         Ok(Clients {
             requests: client(config, Protocols::Http2OrHttp1, idle)?,
-            upgrades: client(config, Protocols::Http1, Idle::Close)?,
+            upgrades: client(config, Protocols::Http1, Idle::CloseAfter(IDLE_CLOSE))?,
         })
     }
 }
@@ -115,7 +116,7 @@ fn client(config: &Config, protocols: Protocols, idle: Idle) -> Result<Client, C
         .pool_max_idle_per_host(1)
         .pool_idle_timeout(match idle {
             Idle::Keep => None,
-            Idle::Close => Some(IDLE_CLOSE),
+            Idle::CloseAfter(idle) => Some(idle),
         })
         .http2_keep_alive_interval(PING_IDLE)
         .http2_keep_alive_timeout(PING_TIMEOUT)

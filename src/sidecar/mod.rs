@@ -105,7 +105,7 @@ async fn run_with(
         () = &mut shutdown => return Ok(()),
     };
     let (source, why, clients) = tokio::select! {
-        chosen = choose_source(&options, &config) => chosen?,
+        chosen = source_and_clients(&options, &config) => chosen?,
         () = &mut shutdown => return Ok(()),
     };
     tracing::info!(
@@ -193,19 +193,23 @@ fn refresh_check_period(refresh_interval: Duration) -> Duration {
 /// Picks the pod's source and builds the clients its connection use calls for: a watch keeps
 /// its connection open, the file source lets it close between writes
 /// ([`apiserver::Idle`]).
-async fn choose_source(
+async fn source_and_clients(
     options: &SidecarOptions,
     config: &kube::Config,
 ) -> Result<(SourceKind, String, Clients), SidecarError> {
     if options.source == SourceKind::File {
         let (source, why) = pod::choose_source(SourceKind::File, None, &options.identity).await;
-        return Ok((source, why, Clients::new(config, Idle::Close)?));
+        return Ok((
+            source,
+            why,
+            Clients::new(config, Idle::CloseAfter(apiserver::IDLE_CLOSE))?,
+        ));
     }
     let clients = Clients::new(config, Idle::Keep)?;
     let (source, why) =
         pod::choose_source(options.source, Some(&clients.requests), &options.identity).await;
     let clients = match source {
-        SourceKind::File => Clients::new(config, Idle::Close)?,
+        SourceKind::File => Clients::new(config, Idle::CloseAfter(apiserver::IDLE_CLOSE))?,
         _ => clients,
     };
     Ok((source, why, clients))
@@ -224,7 +228,7 @@ async fn configure() -> kube::Config {
         .build();
     loop {
         let configured = match kube::Config::infer().await {
-            Ok(config) => Clients::new(&config, Idle::Close)
+            Ok(config) => Clients::new(&config, Idle::CloseAfter(apiserver::IDLE_CLOSE))
                 .map(|_| config)
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
