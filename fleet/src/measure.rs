@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use testkit::real::metrics::{self, RequestCounts};
-use testkit::real::usage::{connections, cores, cpu_ticks, rss_kib};
+use testkit::real::usage::{ConnectionTable, cores, cpu_ticks, rss_kib};
 
 use crate::FleetError;
 use crate::cluster::Cluster;
@@ -97,6 +97,9 @@ pub struct Footprint {
     /// without the garbage RSS and `heap_inuse` carry until the next collection.
     pub apiserver_live_heap_mib: f64,
     pub apiserver_rss_mib: f64,
+    /// Connections to the apiserver the sidecars' processes hold: theirs alone, where the
+    /// apiserver's count also holds the bench's and the manager's.
+    pub sidecar_connections: usize,
 }
 
 /// The apiserver's growth per sidecar from a run without them to one with them: the names
@@ -106,6 +109,8 @@ pub struct PerSidecar {
     pub apiserver_connections_per_sidecar: f64,
     pub apiserver_live_heap_mib_per_sidecar: f64,
     pub apiserver_rss_mib_per_sidecar: f64,
+    /// [`Footprint::sidecar_connections`] per sidecar.
+    pub sidecar_connections_per_sidecar: f64,
 }
 
 impl Footprint {
@@ -120,6 +125,7 @@ impl Footprint {
                 - base.apiserver_live_heap_mib)
                 / n,
             apiserver_rss_mib_per_sidecar: (self.apiserver_rss_mib - base.apiserver_rss_mib) / n,
+            sidecar_connections_per_sidecar: self.sidecar_connections as f64 / n,
         }
     }
 }
@@ -132,13 +138,25 @@ pub async fn footprint(cluster: &Cluster, processes: &Processes) -> Result<Footp
         .parse()
         .map_err(|e| FleetError::Setup(format!("apiserver url: {e}")))?;
     let live_heap = cluster.cp.live_heap_bytes().await?;
+    // Both ends counted from one reading of the kernel's table: connections close by the
+    // second while the fleet's ~200 processes are looked at one by one.
+    let table = ConnectionTable::read();
+    let to_apiserver = |pid: &u32| {
+        table
+            .held_by(*pid)
+            .iter()
+            .filter(|c| c.remote.port() == serving.port())
+            .count()
+    };
     Ok(Footprint {
-        apiserver_connections: connections(processes.apiserver)
+        apiserver_connections: table
+            .held_by(processes.apiserver)
             .iter()
             .filter(|c| c.local.port() == serving.port())
             .count(),
         apiserver_live_heap_mib: live_heap as f64 / 1024.0 / 1024.0,
         apiserver_rss_mib: mib(rss_kib(processes.apiserver)),
+        sidecar_connections: processes.sidecars.iter().map(to_apiserver).sum(),
     })
 }
 

@@ -173,8 +173,10 @@ impl Report {
             if let Some(p) = per {
                 out.push_str(&format!(
                     "apiserver per sidecar at the {name} window's end, over the pods without \
-                     sidecars: {:.3} connections, live heap {:.3} MiB, RSS {:.3} MiB\n",
+                     sidecars: {:.3} connections ({:.3} held by the sidecars), live heap {:.3} \
+                     MiB, RSS {:.3} MiB\n",
                     p.apiserver_connections_per_sidecar,
+                    p.sidecar_connections_per_sidecar,
                     p.apiserver_live_heap_mib_per_sidecar,
                     p.apiserver_rss_mib_per_sidecar,
                 ));

@@ -41,30 +41,47 @@ pub struct Connection {
     pub remote: std::net::SocketAddr,
 }
 
-/// The established TCP connections (IPv4 and IPv6) process `pid` holds a descriptor of; empty
-/// when it is gone. Reads the connection tables of this process' network namespace, which is
-/// the other process' too in the tests and benchmarks.
+/// The kernel's established TCP connections (IPv4 and IPv6) at one moment, to tell which
+/// process holds which: read once for several processes, they are counted at the same moment.
+#[derive(Debug)]
+pub struct ConnectionTable(Vec<procfs::net::TcpNetEntry>);
+
+impl ConnectionTable {
+    /// This process' network namespace's tables, which are the other processes' too in the
+    /// tests and benchmarks.
+    pub fn read() -> ConnectionTable {
+        let mut table = procfs::net::tcp().unwrap_or_default();
+        table.extend(procfs::net::tcp6().unwrap_or_default());
+        table.retain(|e| e.state == procfs::net::TcpState::Established);
+        ConnectionTable(table)
+    }
+
+    /// The connections process `pid` holds a descriptor of; empty when it is gone.
+    pub fn held_by(&self, pid: u32) -> Vec<Connection> {
+        use procfs::process::{FDTarget, Process};
+        let Ok(fds) = Process::new(pid as i32).and_then(|p| p.fd()) else {
+            return Vec::new();
+        };
+        let inodes: std::collections::HashSet<u64> = fds
+            .filter_map(|fd| match fd.ok()?.target {
+                FDTarget::Socket(inode) => Some(inode),
+                _ => None,
+            })
+            .collect();
+        self.0
+            .iter()
+            .filter(|e| inodes.contains(&e.inode))
+            .map(|e| Connection {
+                local: e.local_address,
+                remote: e.remote_address,
+            })
+            .collect()
+    }
+}
+
+/// The established TCP connections process `pid` holds now ([`ConnectionTable::held_by`]).
 pub fn connections(pid: u32) -> Vec<Connection> {
-    use procfs::process::{FDTarget, Process};
-    let Ok(fds) = Process::new(pid as i32).and_then(|p| p.fd()) else {
-        return Vec::new();
-    };
-    let inodes: std::collections::HashSet<u64> = fds
-        .filter_map(|fd| match fd.ok()?.target {
-            FDTarget::Socket(inode) => Some(inode),
-            _ => None,
-        })
-        .collect();
-    let mut table = procfs::net::tcp().unwrap_or_default();
-    table.extend(procfs::net::tcp6().unwrap_or_default());
-    table
-        .into_iter()
-        .filter(|e| e.state == procfs::net::TcpState::Established && inodes.contains(&e.inode))
-        .map(|e| Connection {
-            local: e.local_address,
-            remote: e.remote_address,
-        })
-        .collect()
+    ConnectionTable::read().held_by(pid)
 }
 
 /// The cores `pids` used together between two readings of [`cpu_ticks`] `seconds` apart.
