@@ -102,7 +102,7 @@ fn raise_open_files_limit() {
     if now < OPEN_FILES {
         eprintln!(
             "fleet: open files limited to {now} (wanted {OPEN_FILES}): the apiserver will refuse \
-             connections past about {now} / 2 sidecars"
+             connections past about {now} sidecars (one connection each)"
         );
     }
 }
