@@ -813,7 +813,12 @@ async fn a_file_source_sidecar_closes_its_connection_after_its_writes() {
     let (stop, recorder) = record_connections(&sidecar, &url);
     std::fs::remove_file(&flag).unwrap();
     wait_counter(port, "podprobe_status_writes_total", 2).await;
+    let written = std::time::Instant::now();
     wait_connections(&sidecar, &url, 0).await;
+    println!(
+        "the connection closed {:.1?} after the write was answered",
+        written.elapsed()
+    );
     stop.store(true, Ordering::Relaxed);
     let seen = recorder.await.unwrap();
     assert_eq!(seen.len(), 1, "one connection for the write: {seen:?}");

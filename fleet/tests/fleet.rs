@@ -54,16 +54,18 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
     );
 
     // One connection per sidecar, its watch's, which its writes share: idle and while flipping
-    // (as the apiserver's own descriptors show, over the same pods without sidecars).
+    // (counted in the sidecars' processes; the apiserver's count also holds the bench's and
+    // the manager's clients). Two sidecars in 200 of slack, not the half more per sidecar a
+    // connection per write in flight gives.
     for (window, per) in [
         ("idle", report.idle_per_sidecar),
         ("flipping", report.flipping_per_sidecar),
     ] {
         let connections = per
             .unwrap_or_else(|| panic!("no footprint at the {window} window's end"))
-            .apiserver_connections_per_sidecar;
+            .sidecar_connections_per_sidecar;
         assert!(
-            (0.95..=1.05).contains(&connections),
+            (0.99..=1.01).contains(&connections),
             "{connections:.3} apiserver connections per sidecar at the {window} window's end"
         );
     }
