@@ -146,28 +146,28 @@ impl Cluster {
 
     /// `podprobe run` for `pod` with a token of [`SIDECAR_SA`] bound to that pod.
     pub async fn sidecar(&self, pod: &Pod, extra: &[&str]) -> Sidecar {
-        let token = self
-            .cp
-            .pod_token(SIDECAR_SA, pod)
-            .await
-            .expect("pod-bound token");
+        let token = self.sidecar_token(pod).await;
         self.sidecar_with_token(pod.metadata.name.as_deref().unwrap(), &token, extra)
     }
 
     /// [`Cluster::sidecar`] talking to the apiserver itself, not through the fault proxy (which
     /// speaks HTTP/1.1 only): what a pod's sidecar reaches in a cluster.
     pub async fn sidecar_direct(&self, pod: &Pod, extra: &[&str]) -> Sidecar {
-        let token = self
-            .cp
-            .pod_token(SIDECAR_SA, pod)
-            .await
-            .expect("pod-bound token");
+        let token = self.sidecar_token(pod).await;
         let name = pod.metadata.name.as_deref().unwrap();
         let kubeconfig = unique(self.dir.path(), name, "kubeconfig");
         self.cp
             .write_kubeconfig_for_token(&kubeconfig, &token)
             .expect("kubeconfig");
         start_sidecar(self.dir.path(), &kubeconfig, name, extra)
+    }
+
+    /// A token of [`SIDECAR_SA`] bound to `pod`.
+    async fn sidecar_token(&self, pod: &Pod) -> String {
+        self.cp
+            .pod_token(SIDECAR_SA, pod)
+            .await
+            .expect("pod-bound token")
     }
 
     /// Pod `name` with one probe (`podConditionType` `condition_type`) reading a flag file
