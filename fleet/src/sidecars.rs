@@ -5,8 +5,8 @@
 //! memory and scheduler would be spent on process overhead, so a process then hosts several
 //! instances. The apiserver cannot tell: every instance builds its own clients from its own
 //! pod's kubeconfig (its own pod-bound token) as `podprobe run` does (`podprobe::apiserver`),
-//! so it has its own connection, TLS session, watch on its own pod, and writer; nothing between instances is shared but the process' runtime and
-//! allocator. What does change is the per-pod memory figure (the runtime and allocator are
+//! so it has its own connection, TLS session, watch on its own pod, and writer; nothing
+//! between instances is shared but the process' runtime and allocator. What does change is the per-pod memory figure (the runtime and allocator are
 //! shared; bench_sidecar measures one sidecar per process) and CPU scheduling.
 
 use std::num::NonZeroU32;
