@@ -6,6 +6,7 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -654,10 +655,9 @@ async fn wait_counter(port: u16, name: &str, n: u64) {
         .unwrap_or_else(|_| panic!("{name} did not reach {n}"));
 }
 
-/// The sidecar's established connections to the apiserver at `url`.
-fn apiserver_connections(sidecar: &Sidecar, url: &str) -> Vec<Connection> {
-    let apiserver: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
-    connections(sidecar.pid().as_raw() as u32)
+/// The established connections process `pid` (a sidecar) holds to the apiserver.
+fn apiserver_connections(pid: nix::unistd::Pid, apiserver: SocketAddr) -> Vec<Connection> {
+    connections(pid.as_raw() as u32)
         .into_iter()
         .filter(|c| c.remote == apiserver)
         .collect()
@@ -668,24 +668,18 @@ fn apiserver_connections(sidecar: &Sidecar, url: &str) -> Vec<Connection> {
 /// trip, many readings.
 fn record_connections(
     sidecar: &Sidecar,
-    url: &str,
+    apiserver: SocketAddr,
 ) -> (
     Arc<AtomicBool>,
     tokio::task::JoinHandle<BTreeSet<Connection>>,
 ) {
     let stop = Arc::new(AtomicBool::new(false));
     let pid = sidecar.pid();
-    let url = url.to_owned();
     let stopped = stop.clone();
     let task = tokio::task::spawn_blocking(move || {
-        let apiserver: std::net::SocketAddr = url.trim_start_matches("https://").parse().unwrap();
         let mut seen = BTreeSet::new();
         while !stopped.load(Ordering::Relaxed) {
-            seen.extend(
-                connections(pid.as_raw() as u32)
-                    .into_iter()
-                    .filter(|c| c.remote == apiserver),
-            );
+            seen.extend(apiserver_connections(pid, apiserver));
             std::thread::sleep(Duration::from_millis(5));
         }
         seen
@@ -694,10 +688,10 @@ fn record_connections(
 }
 
 /// Waits until the sidecar holds exactly `n` connections to the apiserver.
-async fn wait_connections(sidecar: &Sidecar, url: &str, n: usize) -> Vec<Connection> {
+async fn wait_connections(sidecar: &Sidecar, apiserver: SocketAddr, n: usize) -> Vec<Connection> {
     let held = async {
         loop {
-            let held = apiserver_connections(sidecar, url);
+            let held = apiserver_connections(sidecar.pid(), apiserver);
             if held.len() == n {
                 return held;
             }
@@ -707,7 +701,7 @@ async fn wait_connections(sidecar: &Sidecar, url: &str, n: usize) -> Vec<Connect
     tokio::time::timeout(LIMIT, held).await.unwrap_or_else(|_| {
         panic!(
             "the sidecar did not come to {n} apiserver connections: {:?}",
-            apiserver_connections(sidecar, url)
+            apiserver_connections(sidecar.pid(), apiserver)
         )
     })
 }
@@ -719,7 +713,7 @@ async fn wait_connections(sidecar: &Sidecar, url: &str, n: usize) -> Vec<Connect
 async fn the_watch_writes_and_events_share_one_apiserver_connection() {
     const TRANSITIONS: u64 = 20;
     let cluster = Cluster::start().await;
-    let url = cluster.cp.url().to_owned();
+    let apiserver = cluster.cp.address();
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
     let pod = cluster
@@ -746,9 +740,9 @@ async fn the_watch_writes_and_events_share_one_apiserver_connection() {
     // `--exec-mode auto` asked pods/exec once (an HTTP/1.1 upgrade, refused by the Role): that
     // connection closes on its own, the watch's stays.
     sidecar.wait_log("falling back to local", LIMIT).await;
-    let held = wait_connections(&sidecar, &url, 1).await;
+    let held = wait_connections(&sidecar, apiserver, 1).await;
 
-    let (stop, recorder) = record_connections(&sidecar, &url);
+    let (stop, recorder) = record_connections(&sidecar, apiserver);
     for i in 1..=TRANSITIONS {
         if i % 2 == 1 {
             std::fs::remove_file(&flag).unwrap();
@@ -783,7 +777,7 @@ async fn the_watch_writes_and_events_share_one_apiserver_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_source_sidecar_closes_its_connection_after_its_writes() {
     let cluster = Cluster::start().await;
-    let url = cluster.cp.url().to_owned();
+    let apiserver = cluster.cp.address();
     let flag = cluster.dir.path().join("flag");
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
@@ -807,14 +801,14 @@ async fn a_file_source_sidecar_closes_its_connection_after_its_writes() {
         )
         .await;
     wait_counter(port, "podprobe_status_writes_total", 1).await;
-    wait_connections(&sidecar, &url, 0).await;
+    wait_connections(&sidecar, apiserver, 0).await;
 
     // A transition opens one for its patch and Event, and it closes again.
-    let (stop, recorder) = record_connections(&sidecar, &url);
+    let (stop, recorder) = record_connections(&sidecar, apiserver);
     std::fs::remove_file(&flag).unwrap();
     wait_counter(port, "podprobe_status_writes_total", 2).await;
     let written = std::time::Instant::now();
-    wait_connections(&sidecar, &url, 0).await;
+    wait_connections(&sidecar, apiserver, 0).await;
     println!(
         "the connection closed {:.1?} after the write was answered",
         written.elapsed()

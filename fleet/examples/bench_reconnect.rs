@@ -56,7 +56,7 @@ async fn main() {
         .map_or(300, |a| a.parse().expect("N, a number of requests"));
     let cp = ControlPlane::start().await.expect("a real control plane");
     let config = cp.config();
-    let apiserver: std::net::SocketAddr = cp.url().trim_start_matches("https://").parse().unwrap();
+    let apiserver = cp.address();
     let pid = cp.pids().apiserver;
 
     // The apiserver's own rate with nothing asked of it (its controllers, leases).

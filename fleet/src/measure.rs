@@ -131,12 +131,7 @@ impl Footprint {
 }
 
 pub async fn footprint(cluster: &Cluster, processes: &Processes) -> Result<Footprint, FleetError> {
-    let serving: SocketAddr = cluster
-        .cp
-        .url()
-        .trim_start_matches("https://")
-        .parse()
-        .map_err(|e| FleetError::Setup(format!("apiserver url: {e}")))?;
+    let serving = cluster.cp.address();
     let live_heap = cluster.cp.live_heap_bytes().await?;
     // Both ends counted from one reading of the kernel's table: connections close by the
     // second while the fleet's ~200 processes are looked at one by one.

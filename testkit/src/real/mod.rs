@@ -280,6 +280,15 @@ impl ControlPlane {
         &self.url
     }
 
+    /// The apiserver's address: [`ControlPlane::url`]'s host and port, as a connection to it
+    /// shows them.
+    pub fn address(&self) -> std::net::SocketAddr {
+        self.url
+            .trim_start_matches("https://")
+            .parse()
+            .expect("the apiserver's URL is https://<ip>:<port>")
+    }
+
     /// The CA that signed the apiserver's certificate; also use it for webhook servers.
     pub fn pki(&self) -> &Pki {
         &self.pki
