@@ -416,3 +416,36 @@ async fn sigterm_flushes_a_pending_write_and_exits_0() {
         condition(&pod, "c/p")
     );
 }
+
+/// A kubeconfig no client can be built from (a `tls-server-name` that is no server name) is
+/// logged with what is wrong and retried with backoff: the sidecar keeps running, as it would
+/// once the configuration is fixed, instead of exiting into a crash loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_kubeconfig_is_retried_with_its_reason_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        r#"apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1", tls-server-name: "not a server name!"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"#,
+    )
+    .unwrap();
+    let mut sidecar = start_sidecar(dir.path(), &kubeconfig, "gs-0", &[]);
+    sidecar
+        .wait_log(
+            r#"tls-server-name "not a server name!" is not a valid server name"#,
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(sidecar.log().contains("retrying in"), "{}", sidecar.log());
+    assert!(
+        sidecar.child.try_wait().unwrap().is_none(),
+        "the sidecar exited: {}",
+        sidecar.log()
+    );
+}
