@@ -19,7 +19,9 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            // An apiserver's message can quote what a pod or webhook wrote.
+            let message = e.to_string();
+            eprintln!("error: {}", render::terminal_safe(&message));
             ExitCode::from(1)
         }
     }

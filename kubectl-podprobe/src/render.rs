@@ -1,5 +1,10 @@
 //! Printing: `get` as a kubectl-style table (`-o wide` for every column in full), JSON or
 //! YAML; `explain` as one line per link.
+//!
+//! Most of what is printed was written by pods or by whoever can edit them (condition
+//! messages, probe names, marker values, Events), so the table and `explain` print it through
+//! [`terminal_safe`]: a message must not be able to move the cursor, retitle the terminal or
+//! hide text from the operator reading it. JSON and YAML escape control characters themselves.
 
 use std::io::{self, Write};
 
@@ -94,7 +99,8 @@ fn table(
         line.push(age(r.since_probe_seconds));
         line.push(dash_if_empty(&r.markers, wide));
         line.push(dash_if_empty(&r.warnings, true));
-        lines.push(line);
+        // Escaped before the widths are taken, so the columns line up as printed.
+        lines.push(line.iter().map(|c| terminal_safe(c).into_owned()).collect());
     }
     let widths: Vec<usize> = (0..lines[0].len())
         .map(|i| {
@@ -115,6 +121,27 @@ fn table(
         writeln!(out, "{}", cells.join("   ").trim_end())?;
     }
     Ok(())
+}
+
+/// `text` with every character a terminal would act on instead of print (C0 and C1 controls
+/// such as ESC, BEL, CR; bidirectional overrides; other non-printable characters) replaced by
+/// its Rust escape (`\u{1b}`, `\r`, `\u{202e}`), so what the operator reads is what is stored.
+/// Quotes and backslashes stay as they are: they are printable.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| !matches!(c, '\\' | '\'' | '"') && c.escape_debug().len() > 1;
+    if !text.chars().any(unsafe_char) {
+        return text.into();
+    }
+    text.chars()
+        .map(|c| {
+            if unsafe_char(c) {
+                c.escape_debug().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
 }
 
 fn shorten(message: &str) -> String {
@@ -143,7 +170,7 @@ pub fn explain(
     links: &[Link],
     events: &[String],
 ) -> io::Result<()> {
-    writeln!(out, "Pod {pod}")?;
+    writeln!(out, "Pod {}", terminal_safe(pod))?;
     let first_broken = links.iter().position(|l| !l.ok);
     for (i, l) in links.iter().enumerate() {
         let mark = if l.ok { "ok  " } else { "FAIL" };
@@ -152,13 +179,15 @@ pub fn explain(
         } else {
             ""
         };
-        writeln!(out, "  {mark} {:<14} {}{pointer}", l.name, l.finding)?;
+        let finding = terminal_safe(&l.finding);
+        writeln!(out, "  {mark} {:<14} {finding}{pointer}", l.name)?;
     }
     match first_broken {
         Some(i) => writeln!(
             out,
             "First broken link: {}: {}",
-            links[i].name, links[i].finding
+            links[i].name,
+            terminal_safe(&links[i].finding)
         )?,
         None => writeln!(out, "Every link holds.")?,
     }
@@ -167,7 +196,7 @@ pub fn explain(
         writeln!(out, "  <none>")?;
     }
     for e in events {
-        writeln!(out, "  {e}")?;
+        writeln!(out, "  {}", terminal_safe(e))?;
     }
     Ok(())
 }
@@ -183,6 +212,84 @@ mod tests {
         assert_eq!(s.chars().count(), MESSAGE_WIDTH);
         assert!(s.ends_with("..."));
         assert_eq!(shorten("short"), "short");
+    }
+
+    fn row(message: &str) -> ProbeRow {
+        ProbeRow {
+            namespace: "games".into(),
+            pod: "gs-0".into(),
+            probe: "idle\u{1b}[8m".into(),
+            container: "game".into(),
+            condition_type: "game.kruise.io/idle".into(),
+            status: Some("True".into()),
+            message: Some(message.into()),
+            since_transition_seconds: Some(5),
+            since_probe_seconds: Some(1),
+            markers: vec!["label idle=\u{7}".into()],
+            warnings: vec![],
+        }
+    }
+
+    /// What a terminal would act on: ESC, BEL, CR, other C0/C1 controls, bidi overrides.
+    fn acts_on_terminal(text: &str) -> bool {
+        text.chars()
+            .any(|c| (c.is_control() && c != '\n') || ('\u{202a}'..='\u{202e}').contains(&c))
+    }
+
+    #[test]
+    fn pod_written_text_cannot_drive_the_terminal() {
+        // Retitle the window, hide the rest, return to column 0 and overwrite, reverse text.
+        let hostile = "\u{1b}]0;owned\u{7}ok\u{1b}[8mhidden\rFAILED \u{9b}2J \u{202e}ssap";
+        for format in [None, Some(Output::Wide)] {
+            let mut out = Vec::new();
+            rows(&mut out, &[row(hostile)], format, true, true).unwrap();
+            let text = String::from_utf8(out).unwrap();
+            assert!(!acts_on_terminal(&text), "{format:?}: {text:?}");
+            assert!(text.contains(r"\u{1b}]0;owned"), "{text}");
+        }
+        let wide = {
+            let mut out = Vec::new();
+            rows(&mut out, &[row(hostile)], Some(Output::Wide), false, false).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        assert!(
+            wide.contains(r#"\u{1b}[8mhidden\rFAILED \u{9b}2J \u{202e}ssap"#),
+            "{wide}"
+        );
+
+        let link = Link {
+            name: "conditions",
+            ok: false,
+            finding: hostile.into(),
+        };
+        let mut out = Vec::new();
+        explain(&mut out, "gs-0\u{1b}c", &[link], &[hostile.into()]).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(!acts_on_terminal(&text), "{text:?}");
+        assert_eq!(text.matches(r"\u{1b}]0;owned").count(), 3, "{text}");
+    }
+
+    #[test]
+    fn json_and_yaml_escape_control_characters_themselves() {
+        for format in [Output::Json, Output::Yaml] {
+            let mut out = Vec::new();
+            rows(
+                &mut out,
+                &[row("\u{1b}]0;owned\u{7}\r")],
+                Some(format),
+                false,
+                true,
+            )
+            .unwrap();
+            let text = String::from_utf8(out).unwrap();
+            assert!(!acts_on_terminal(&text), "{format:?}: {text:?}");
+        }
+    }
+
+    #[test]
+    fn printable_text_is_left_alone() {
+        let text = r#"HTTP probe failed with statuscode: 503 "busy" C:\ é 游戏"#;
+        assert!(matches!(terminal_safe(text), std::borrow::Cow::Borrowed(t) if t == text));
     }
 
     #[test]
