@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Probe;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use podprobe_protocol::annotation::{
-    MAX_ANNOTATION_BYTES, RESERVED_CONDITION_TYPES, RESERVED_PROBE_NAMES,
+    MAX_ANNOTATION_BYTES, RESERVED_PROBE_NAMES, is_reserved_condition_type,
 };
 use podprobe_protocol::check::{Strictness, check_handler};
 use podprobe_protocol::names::{is_qualified_part, qualified_name_errors};
@@ -190,11 +190,12 @@ fn validate_condition_type<'a>(
     for msg in qualified_name_errors(condition) {
         errors.push(invalid(&condition_field, quoted(condition), msg));
     }
-    if RESERVED_CONDITION_TYPES.contains(&condition) {
+    if is_reserved_condition_type(condition) {
         errors.push(invalid(
             &condition_field,
             quoted(condition),
-            "is a condition owned by the kubelet or Kruise; the podprobe sidecar will not write it",
+            "is a condition owned by the kubelet, Kruise or Kubernetes (kubernetes.io and k8s.io \
+             domains); the podprobe sidecar will not write it",
         ));
     }
     Ok(())

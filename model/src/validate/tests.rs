@@ -403,6 +403,10 @@ fn reserved_condition_type_is_refused() {
     let errors = validate(&ppm, None).unwrap_err().0;
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].field, "spec.probes[0].podConditionType");
+    ppm.spec.probes[0].pod_condition_type = "node.kubernetes.io/gate".into();
+    let errors = validate(&ppm, None).unwrap_err().0;
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].detail.contains("k8s.io"), "{errors:?}");
 }
 
 #[test]

@@ -15,8 +15,9 @@ pub const MARKER_LIST_ANNOTATION: &str = "kruise.io/podprobemarker-list";
 /// cannot have come from a real apiserver; refusing it bounds what podprobe parses.
 pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 
-/// Condition types owned by the kubelet and Kruise: the sidecar never writes them and the
-/// manager refuses a probe that names one.
+/// Condition types owned by the kubelet and Kruise: the sidecar never writes them, the manager
+/// refuses a probe that names one, and the chart's admission policy denies the sidecar's token
+/// any write of them (with the domains of [`is_reserved_condition_type`]).
 pub const RESERVED_CONDITION_TYPES: &[&str] = &[
     "PodScheduled",
     "Initialized",
@@ -26,7 +27,30 @@ pub const RESERVED_CONDITION_TYPES: &[&str] = &[
     "InPlaceUpdateReady",
     "PodReadyToStartContainers",
     "DisruptionTarget",
+    "PodResizePending",
+    "PodResizeInProgress",
 ];
+
+/// Prefix domains Kubernetes reserves for its own components: a condition type
+/// `kubernetes.io/x`, `k8s.io/x`, `*.kubernetes.io/x` or `*.k8s.io/x` is not a probe's to write.
+const RESERVED_DOMAINS: &[&str] = &["kubernetes.io", "k8s.io"];
+
+/// Whether a probe may not use `condition_type`: one of [`RESERVED_CONDITION_TYPES`], or a
+/// type in a reserved domain.
+pub fn is_reserved_condition_type(condition_type: &str) -> bool {
+    if RESERVED_CONDITION_TYPES.contains(&condition_type) {
+        return true;
+    }
+    let Some((prefix, _)) = condition_type.split_once('/') else {
+        return false;
+    };
+    RESERVED_DOMAINS.iter().any(|domain| {
+        prefix == *domain
+            || prefix
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.ends_with('.'))
+    })
+}
 
 /// Probe names OpenKruise's webhook refuses: it checks the probe *name* against the first six
 /// of [`RESERVED_CONDITION_TYPES`], not the condition type.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{ContainerPort, PodSpec, Probe};
 
 use super::{
-    MAX_ANNOTATION_BYTES, PODPROBE_ANNOTATION, PodContainerProbe, RESERVED_CONDITION_TYPES,
+    MAX_ANNOTATION_BYTES, PODPROBE_ANNOTATION, PodContainerProbe, is_reserved_condition_type,
 };
 use crate::check::{Strictness, check_handler};
 use crate::field::ValidationErrors;
@@ -88,7 +88,9 @@ pub enum ProbeError {
     UnknownContainer(String),
     #[error("podConditionType: must not be empty (the sidecar writes its result there)")]
     EmptyConditionType,
-    #[error("podConditionType: {0:?} is owned by the kubelet or Kruise")]
+    #[error(
+        "podConditionType: {0:?} is owned by the kubelet, Kruise or Kubernetes (kubernetes.io and k8s.io domains)"
+    )]
     ReservedConditionType(String),
     #[error(
         "podConditionType: {0:?} is not a qualified name, which the apiserver requires of a pod condition type ({1})"
@@ -235,7 +237,7 @@ pub fn validate(
         return Err(ProbeError::EmptyConditionType);
     }
     let condition_type = entry.pod_condition_type.clone();
-    if RESERVED_CONDITION_TYPES.contains(&condition_type.as_str()) {
+    if is_reserved_condition_type(&condition_type) {
         return Err(ProbeError::ReservedConditionType(condition_type));
     }
     // One condition type the apiserver refuses makes it reject the whole status patch, so

@@ -235,3 +235,27 @@ fn whole_annotation_errors() {
     assert!(err.to_string().contains("262144"), "{err}");
     assert_eq!(parse("[]", None).unwrap(), ProbeSet::default());
 }
+
+#[test]
+fn reserved_condition_types_include_kubernetes_domains() {
+    for reserved in [
+        "Ready",
+        "PodResizePending",
+        "kubernetes.io/x",
+        "k8s.io/x",
+        "node.kubernetes.io/ready",
+        "a.b.k8s.io/gate",
+    ] {
+        assert!(is_reserved_condition_type(reserved), "{reserved}");
+    }
+    for free in [
+        "game.kruise.io/idle",
+        "Idle",
+        "notkubernetes.io/x",
+        "example.com/kubernetes.io",
+        "k8s.io.example.com/x",
+        "target-health.elbv2.k8s.aws/tg",
+    ] {
+        assert!(!is_reserved_condition_type(free), "{free}");
+    }
+}
