@@ -464,3 +464,94 @@ fn other_users_are_not_matched() {
     let same_name = request(json!({"username": "system:serviceaccount:other:podprobe-sidecar"}));
     assert!(matches!(admit(&same_name, &new, &old), Verdict::Denied(..)));
 }
+
+/// The stored pod with `t` declared by its annotation (as a PodProbeMarker author or anyone
+/// who can edit the pod's annotations could) and the write setting it.
+fn declaring(t: &str) -> (Json, Json) {
+    let mut old = stored();
+    let probes = PROBES.replace("game.kruise.io/idle", t);
+    old["metadata"]["annotations"]["kruise.io/podprobe"] = json!(probes);
+    let mut new = old.clone();
+    conditions(&mut new).push(condition(t, "False", "2026-01-01T00:01:00Z"));
+    (old, new)
+}
+
+#[test]
+fn reserved_condition_types_are_denied_even_when_declared() {
+    let (old, mut new) = declaring("Ready");
+    // The kubelet's Ready is the second condition: changed, not added.
+    conditions(&mut new).pop();
+    conditions(&mut new)[1] = condition("Ready", "False", "2026-01-01T00:01:00Z");
+    assert_denied(admit(&own_sidecar(), &new, &old), "reservedTypes");
+    let mut removed = old.clone();
+    conditions(&mut removed).remove(1);
+    assert_denied(admit(&own_sidecar(), &removed, &old), "reservedTypes");
+    for t in ["PodResizePending", "node.kubernetes.io/gate", "k8s.io/x"] {
+        let (old, new) = declaring(t);
+        assert_denied(admit(&own_sidecar(), &new, &old), "reservedTypes");
+    }
+    // The control: the same write of a free type is allowed.
+    let (old, new) = declaring("example.com/gate");
+    assert_eq!(admit(&own_sidecar(), &new, &old), Verdict::Allowed);
+}
+
+/// The policy's reserved types and domains are the sidecar's and the manager's: evaluated from
+/// the policy and compared with podprobe-protocol's rule.
+#[test]
+fn the_policys_reserved_types_are_the_protocols() {
+    let policy = policy();
+    let env = Arc::new(Env::stdlib());
+    let expr = |name: &str| {
+        let found = policy.variables.iter().find(|(n, _)| n == name);
+        found.unwrap_or_else(|| panic!("variable {name}")).1.clone()
+    };
+    let ctx = Context::with_env(env.clone());
+    let types = eval(&env, &ctx, &expr("reservedTypes"))
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        types,
+        json!(podprobe_protocol::annotation::RESERVED_CONDITION_TYPES)
+    );
+    let domains = expr("reservedDomains");
+    for t in [
+        "kubernetes.io/x",
+        "k8s.io/x",
+        "node.kubernetes.io/ready",
+        "a.b.k8s.io/gate",
+        "game.kruise.io/idle",
+        "Idle",
+        "notkubernetes.io/x",
+        "example.com/kubernetes.io",
+        "k8s.io.example.com/x",
+        "target-health.elbv2.k8s.aws/tg",
+    ] {
+        let matches = format!("{:?}.matches({domains})", t);
+        let in_policy = eval(&env, &ctx, &matches).unwrap() == Value::Bool(true);
+        let in_protocol = podprobe_protocol::annotation::is_reserved_condition_type(t);
+        assert_eq!(in_policy, in_protocol, "{t}");
+    }
+}
+
+#[test]
+fn every_status_field_but_the_conditions_is_pinned() {
+    let old = stored();
+    for (field, value) in [
+        ("observedGeneration", json!(7)),
+        ("resources", json!({"limits": {"cpu": "64"}})),
+        ("resize", json!("Proposed")),
+        (
+            "volumeHealth",
+            json!([{"name": "data", "status": "Healthy"}]),
+        ),
+        ("podIP", json!("10.0.0.8")),
+    ] {
+        let mut new = stored();
+        new["status"][field] = value;
+        assert_denied(
+            admit(&own_sidecar(), &new, &old),
+            &format!("object.status.{field} =="),
+        );
+    }
+}
