@@ -640,3 +640,69 @@ async fn monitoring_kit_is_off_by_default_and_rendered_when_asked() {
         "{stderr}"
     );
 }
+
+/// The sidecar's exec grant is rendered only with an enforcing admission policy: without one
+/// it would reach every pod of the namespace. The status grant without one renders (the
+/// observe-first mode) with a warning in the notes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_grant_needs_an_enforcing_admission_policy() {
+    let cp = control_plane().await;
+    let template = |extra: &[&str]| {
+        let mut with = sets(&cp, "standalone");
+        with.extend(extra.iter().map(|s| s.to_string()));
+        helm(&cp, "template", &with, &["--kube-version", KUBE_VERSION])
+            .output()
+            .unwrap()
+    };
+    let grants_exec = |out: &std::process::Output| {
+        let docs = documents(&String::from_utf8_lossy(&out.stdout));
+        docs.iter().any(|d| {
+            d["kind"] == "Role"
+                && d["rules"].as_array().unwrap().iter().any(|r| {
+                    r["resources"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&"pods/exec".into())
+                })
+        })
+    };
+    let defaults = template(&[]);
+    assert!(defaults.status.success() && grants_exec(&defaults));
+
+    for unenforced in [
+        &["admissionPolicy.enabled=false"][..],
+        &["admissionPolicy.validationActions={Warn,Audit}"],
+    ] {
+        let refused = template(unenforced);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success()
+                && stderr.contains("sidecar.podsExec=true grants pods/exec")
+                && stderr.contains("it is not enforced"),
+            "{unenforced:?}: {stderr}"
+        );
+        let mut without_exec = unenforced.to_vec();
+        without_exec.push("sidecar.podsExec=false");
+        let rendered = template(&without_exec);
+        assert!(
+            rendered.status.success() && !grants_exec(&rendered),
+            "{without_exec:?}: {}",
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+    }
+
+    // What `helm install` prints: a warning while the status grant is not confined.
+    let notes = |extra: &[&str]| {
+        let mut with = sets(&cp, "standalone");
+        with.extend(extra.iter().map(|s| s.to_string()));
+        let out = helm(&cp, "install", &with, &["--dry-run=server"]);
+        run(out, "helm install --dry-run")
+    };
+    let warning = "the sidecar's admission policy is not enforced";
+    assert!(!notes(&[]).contains(warning));
+    let observing = notes(&[
+        "admissionPolicy.validationActions={Warn,Audit}",
+        "sidecar.podsExec=false",
+    ]);
+    assert!(observing.contains(warning), "{observing}");
+}
