@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Capabilities, ResourceRequirements, SecurityContext};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ResourceRequirements, SeccompProfile, SecurityContext,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::{Deserialize, Serialize};
 
@@ -117,8 +119,15 @@ fn default_resources() -> ResourceRequirements {
     }
 }
 
+/// Pod Security "restricted" as far as one container can meet it: non-root, no privilege
+/// escalation, no capabilities, the runtime's default seccomp profile. A pod whose own
+/// containers meet it stays admissible in a "restricted" namespace once injected.
 fn default_security_context() -> SecurityContext {
     SecurityContext {
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
         run_as_non_root: Some(true),
         run_as_user: Some(65532),
         read_only_root_filesystem: Some(true),
@@ -195,6 +204,7 @@ mod tests {
         assert_eq!(sc.run_as_non_root, Some(true));
         assert_eq!(sc.read_only_root_filesystem, Some(true));
         assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
         assert!(c.readiness_gates.is_empty());
     }
 

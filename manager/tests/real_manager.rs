@@ -181,6 +181,84 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
 /// Not a timed test: prints what the pod webhook adds to a pod create through the real
 /// apiserver (p50/p99 of 100 creates with and without it), asserting only that every pod was
 /// admitted as it should be.
+/// Pod Security "restricted" enforced in the pod's namespace by the real admission plugin: a
+/// pod whose own containers meet it is admitted with the sidecar as injected by default; a pod
+/// whose own container does not is refused for that container alone, never for the sidecar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_injected_pod_is_admitted_under_pod_security_restricted() {
+    let Running { cp, manager, .. } =
+        install_and_run(start_control_plane().await, Mode::Standalone).await;
+    let admin = cp.client();
+    let restricted = json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest"}}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .patch(NS, &PatchParams::default(), &Patch::Merge(&restricted))
+        .await
+        .unwrap();
+    Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &ppm(&tv03_ppm()))
+        .await
+        .unwrap();
+    let cache = manager.ppms.clone();
+    support::eventually(LIMIT, "PPM cached", || !cache.namespace(NS).is_empty()).await;
+
+    // The game container meets "restricted" on its own (no pod-level securityContext, so
+    // the sidecar's must too).
+    let game_pod = |name: &str, seccomp: bool| {
+        let mut context = json!({"runAsNonRoot": true, "runAsUser": 1000,
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}});
+        if seccomp {
+            context["seccompProfile"] = json!({"type": "RuntimeDefault"});
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS, "labels": {"app": "test"}},
+            "spec": {"nodeName": "vk-1", "serviceAccountName": "podprobe-sidecar",
+                "containers": [{"name": "main", "image": "game:1", "securityContext": context}]}
+        }))
+        .unwrap();
+        pod
+    };
+    let compliant = game_pod("gs-restricted", true);
+    cp.wait_admission(&compliant, |p| annotation(p, PODPROBE).is_some())
+        .await
+        .unwrap_or_else(|e| panic!("not admitted with its probes (webhook, Pod Security): {e}"));
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let created = match pods.create(&PostParams::default(), &compliant).await {
+        Ok(pod) => pod,
+        Err(e) => panic!("an injected pod refused under \"restricted\": {e}"),
+    };
+    let spec = created.spec.as_ref().unwrap();
+    let sidecar = &spec.init_containers.as_ref().expect("the sidecar")[0];
+    assert_eq!(sidecar.name, "podprobe");
+    let seccomp = sidecar
+        .security_context
+        .as_ref()
+        .unwrap()
+        .seccomp_profile
+        .as_ref();
+    assert_eq!(seccomp.map(|p| p.type_.as_str()), Some("RuntimeDefault"));
+
+    // The control: the plugin enforces, and names only the game's container.
+    let Err(kube::Error::Api(refused)) = pods
+        .create(&PostParams::default(), &game_pod("gs-unrestricted", false))
+        .await
+    else {
+        panic!("a pod without a seccomp profile was admitted: Pod Security is not enforcing")
+    };
+    println!("{}", refused.message);
+    assert!(
+        refused.code == 403
+            && refused
+                .message
+                .contains("violates PodSecurity \"restricted:latest\"")
+            && refused.message.contains("seccompProfile")
+            && refused.message.contains("\"main\"")
+            && !refused.message.contains("podprobe"),
+        "{refused:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_latency_added_to_pod_creates() {
     const N: usize = 100;
