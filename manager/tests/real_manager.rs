@@ -55,6 +55,20 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
         "{}",
         refused.message
     );
+    // So is a marker that would rewrite the probes annotation or the selector's own label.
+    let mut reserved = tv03_ppm();
+    reserved["metadata"]["name"] = json!("reserved");
+    reserved["spec"]["probes"][0]["markerPolicy"][0]["labels"] = json!({"app": "idle"});
+    reserved["spec"]["probes"][0]["markerPolicy"][1]["annotations"] =
+        json!({"kruise.io/podprobe": "[]"});
+    let Err(kube::Error::Api(refused)) = ppms.create(&PostParams::default(), &ppm(&reserved)).await
+    else {
+        panic!("a PodProbeMarker with reserved marker keys was admitted")
+    };
+    assert_eq!(refused.code, 400, "{refused:?}");
+    for field in ["markerPolicy[0].labels", "markerPolicy[1].annotations"] {
+        assert!(refused.message.contains(field), "{}", refused.message);
+    }
     ppms.create(&PostParams::default(), &ppm(&tv03_ppm()))
         .await
         .unwrap();

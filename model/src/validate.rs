@@ -1,11 +1,12 @@
 //! The PodProbeMarker validating webhook's rules: OpenKruise's `validatePodProbeMarkerSpec`
-//! (same checks, same early returns, hence the same error counts), with three deliberate
-//! differences, each so that a PPM admitted here is one the podprobe sidecar will run:
-//! `grpc` counts as a handler (the sidecar implements it), a `podConditionType` that names a
-//! condition owned by the kubelet or Kruise is refused (the sidecar would refuse to write it),
-//! and errors carry precise field paths (`spec.probes[1].probe.httpGet.port`).
+//! (same checks, same early returns, hence the same error counts), with four deliberate
+//! differences: `grpc` counts as a handler (the sidecar implements it), a `podConditionType`
+//! that names a condition owned by the kubelet, Kruise or a Kubernetes domain is refused (the
+//! sidecar would refuse to write it), marker keys that steer the protocol, Kubernetes'
+//! controllers or the PodProbeMarker's own selection are refused ([`reserved`]), and errors
+//! carry precise field paths (`spec.probes[1].probe.httpGet.port`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use k8s_openapi::api::core::v1::Probe;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -70,7 +71,10 @@ pub fn validate_spec(spec: &PodProbeMarkerSpec, path: &str) -> Vec<FieldError> {
         ));
         return errors;
     }
-    let mut seen = SeenInSpec::default();
+    let mut seen = SeenInSpec {
+        selector_keys: reserved::selector_keys(spec.selector.as_ref()),
+        ..Default::default()
+    };
     for (i, probe) in spec.probes.iter().enumerate() {
         let at = format!("{path}.probes[{i}]");
         if validate_spec_probe(probe, &at, &mut seen, &mut errors).is_err() {
@@ -80,11 +84,14 @@ pub fn validate_spec(spec: &PodProbeMarkerSpec, path: &str) -> Vec<FieldError> {
     errors
 }
 
-/// Names and condition types already used by earlier probes of the same spec.
+/// Names and condition types already used by earlier probes of the same spec, and the
+/// selector's keys.
 #[derive(Default)]
 struct SeenInSpec<'a> {
     names: HashSet<&'a str>,
     condition_types: HashSet<&'a str>,
+    /// The label keys the spec's selector reads, which no marker may set.
+    selector_keys: BTreeSet<&'a str>,
 }
 
 fn validate_spec_probe<'a>(
@@ -108,6 +115,11 @@ fn validate_spec_probe<'a>(
             return Err(EarlyReturn);
         }
         errors.extend(validate_policy(policy, &policy_path));
+        errors.extend(reserved::reserved_key_errors(
+            policy,
+            &seen.selector_keys,
+            &policy_path,
+        ));
     }
     Ok(())
 }
@@ -338,5 +350,6 @@ fn label_value_errors(value: &str) -> Vec<&'static str> {
     msgs
 }
 
+mod reserved;
 #[cfg(test)]
 mod tests;

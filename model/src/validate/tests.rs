@@ -426,3 +426,67 @@ fn negative_timing_and_policy_rules() {
     ppm.spec.probes[0].marker_policy[1].labels = labels(&[("ok", "bad value!")]);
     assert_eq!(count(&ppm), 1);
 }
+
+#[test]
+fn markers_may_not_set_reserved_keys() {
+    let refused = |with_labels: &[(&str, &str)], with_annotations: &[(&str, &str)]| {
+        let mut ppm = ppm_demo();
+        ppm.spec.probes[0].marker_policy[0].labels = labels(with_labels);
+        ppm.spec.probes[0].marker_policy[0].annotations = labels(with_annotations);
+        match validate(&ppm, None) {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.0,
+        }
+    };
+    // The demo's selector reads `app`.
+    for (key, why) in [
+        ("app", "selector"),
+        ("pod-template-hash", "controller"),
+        ("controller-revision-hash", "controller"),
+        ("app.kubernetes.io/name", "reserves"),
+        ("kruise.io/podprobe", "PodProbeMarker controller"),
+    ] {
+        let errors = refused(&[(key, "x")], &[]);
+        assert_eq!(errors.len(), 1, "{key}: {errors:?}");
+        assert_eq!(errors[0].field, "spec.probes[0].markerPolicy[0].labels");
+        assert!(errors[0].detail.contains(why), "{key}: {errors:?}");
+    }
+    for (key, value, why) in [
+        (
+            "kruise.io/podprobemarker-list",
+            "x",
+            "PodProbeMarker controller",
+        ),
+        ("node.kubernetes.io/x", "x", "reserves"),
+        ("k8s.io/x", "x", "reserves"),
+        (
+            "controller.kubernetes.io/pod-deletion-cost",
+            "2147483648",
+            "int32",
+        ),
+        (
+            "controller.kubernetes.io/pod-deletion-cost",
+            "idle",
+            "int32",
+        ),
+    ] {
+        let errors = refused(&[("server-healthy", "true")], &[(key, value)]);
+        assert_eq!(errors.len(), 1, "{key}={value}: {errors:?}");
+        assert_eq!(
+            errors[0].field,
+            "spec.probes[0].markerPolicy[0].annotations"
+        );
+        assert!(errors[0].detail.contains(why), "{key}: {errors:?}");
+    }
+    // What the recipes set stays allowed.
+    for (labels, annotations) in [
+        (&[("example.com/traffic-online", "true")][..], &[][..]),
+        (&[], &[("controller.kubernetes.io/pod-deletion-cost", "-5")]),
+        (
+            &[("server-healthy", "true")],
+            &[("example.com/note", "idle")],
+        ),
+    ] {
+        assert_eq!(refused(labels, annotations), Vec::new());
+    }
+}

@@ -31,25 +31,27 @@ pub const RESERVED_CONDITION_TYPES: &[&str] = &[
     "PodResizeInProgress",
 ];
 
-/// Prefix domains Kubernetes reserves for its own components: a condition type
-/// `kubernetes.io/x`, `k8s.io/x`, `*.kubernetes.io/x` or `*.k8s.io/x` is not a probe's to write.
-const RESERVED_DOMAINS: &[&str] = &["kubernetes.io", "k8s.io"];
+/// Prefix domains Kubernetes reserves for its own components.
+const KUBERNETES_DOMAINS: &[&str] = &["kubernetes.io", "k8s.io"];
 
-/// Whether a probe may not use `condition_type`: one of [`RESERVED_CONDITION_TYPES`], or a
-/// type in a reserved domain.
-pub fn is_reserved_condition_type(condition_type: &str) -> bool {
-    if RESERVED_CONDITION_TYPES.contains(&condition_type) {
-        return true;
-    }
-    let Some((prefix, _)) = condition_type.split_once('/') else {
+/// Whether a qualified name (a condition type, a label or annotation key) is in a domain
+/// Kubernetes reserves: `kubernetes.io/x`, `k8s.io/x`, `*.kubernetes.io/x`, `*.k8s.io/x`.
+pub fn in_kubernetes_domain(name: &str) -> bool {
+    let Some((prefix, _)) = name.split_once('/') else {
         return false;
     };
-    RESERVED_DOMAINS.iter().any(|domain| {
+    KUBERNETES_DOMAINS.iter().any(|domain| {
         prefix == *domain
             || prefix
                 .strip_suffix(domain)
                 .is_some_and(|sub| sub.ends_with('.'))
     })
+}
+
+/// Whether a probe may not use `condition_type`: one of [`RESERVED_CONDITION_TYPES`], or a
+/// type in a Kubernetes domain ([`in_kubernetes_domain`]), not a probe's to write.
+pub fn is_reserved_condition_type(condition_type: &str) -> bool {
+    RESERVED_CONDITION_TYPES.contains(&condition_type) || in_kubernetes_domain(condition_type)
 }
 
 /// Probe names OpenKruise's webhook refuses: it checks the probe *name* against the first six
