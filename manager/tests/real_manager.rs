@@ -55,8 +55,10 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
         "{}",
         refused.message
     );
-    // So is a marker that would rewrite the probes annotation or the selector's own label.
+    // So is a marker that would rewrite the probes annotation or the selector's own label, and
+    // a timeout past the sidecar's cap.
     let mut reserved = tv03_ppm();
+    reserved["spec"]["probes"][0]["probe"]["timeoutSeconds"] = json!(301);
     reserved["metadata"]["name"] = json!("reserved");
     reserved["spec"]["probes"][0]["markerPolicy"][0]["labels"] = json!({"app": "idle"});
     reserved["spec"]["probes"][0]["markerPolicy"][1]["annotations"] =
@@ -66,7 +68,11 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
         panic!("a PodProbeMarker with reserved marker keys was admitted")
     };
     assert_eq!(refused.code, 400, "{refused:?}");
-    for field in ["markerPolicy[0].labels", "markerPolicy[1].annotations"] {
+    for field in [
+        "markerPolicy[0].labels",
+        "markerPolicy[1].annotations",
+        "probe.timeoutSeconds",
+    ] {
         assert!(refused.message.contains(field), "{}", refused.message);
     }
     ppms.create(&PostParams::default(), &ppm(&tv03_ppm()))

@@ -12,7 +12,8 @@ use k8s_openapi::api::core::v1::Probe;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use podprobe_protocol::annotation::{
-    MAX_ANNOTATION_BYTES, RESERVED_PROBE_NAMES, is_reserved_condition_type,
+    MAX_ANNOTATION_BYTES, MAX_PROBES_PER_POD, MAX_TIMEOUT_SECONDS, RESERVED_PROBE_NAMES,
+    is_reserved_condition_type,
 };
 use podprobe_protocol::check::{Strictness, check_handler};
 use podprobe_protocol::names::{is_qualified_part, qualified_name_errors};
@@ -70,6 +71,16 @@ pub fn validate_spec(spec: &PodProbeMarkerSpec, path: &str) -> Vec<FieldError> {
             "empty probes is not valid for PodProbeMarker",
         ));
         return errors;
+    }
+    if spec.probes.len() > MAX_PROBES_PER_POD {
+        errors.push(invalid(
+            &format!("{path}.probes"),
+            spec.probes.len(),
+            format!(
+                "must have at most {MAX_PROBES_PER_POD} probes: the podprobe sidecar runs at most \
+                 {MAX_PROBES_PER_POD} in a pod"
+            ),
+        ));
     }
     let mut seen = SeenInSpec {
         selector_keys: reserved::selector_keys(spec.selector.as_ref()),
@@ -277,6 +288,16 @@ fn validate_probe(probe: &Probe, path: &str) -> Vec<FieldError> {
                 "must be greater than or equal to 0",
             ));
         }
+    }
+    if let Some(v) = probe.timeout_seconds.filter(|v| *v > MAX_TIMEOUT_SECONDS) {
+        errors.push(invalid(
+            &format!("{path}.timeoutSeconds"),
+            v,
+            format!(
+                "must be at most {MAX_TIMEOUT_SECONDS}: the podprobe sidecar refuses longer \
+                 timeouts"
+            ),
+        ));
     }
     errors
 }

@@ -490,3 +490,30 @@ fn markers_may_not_set_reserved_keys() {
         assert_eq!(refused(labels, annotations), Vec::new());
     }
 }
+
+#[test]
+fn probe_count_and_timeout_caps_are_the_sidecars() {
+    let mut ppm = ppm_demo();
+    ppm.spec.probes[0].probe.timeout_seconds = Some(301);
+    let errors = validate(&ppm, None).unwrap_err().0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].field, "spec.probes[0].probe.timeoutSeconds");
+    ppm.spec.probes[0].probe.timeout_seconds = Some(300);
+    assert!(validate(&ppm, None).is_ok());
+
+    let template = ppm.spec.probes[0].clone();
+    ppm.spec.probes = (0..=MAX_PROBES_PER_POD)
+        .map(|i| {
+            let mut probe = template.clone();
+            probe.name = format!("p{i}");
+            probe.pod_condition_type = format!("example.com/p{i}");
+            probe
+        })
+        .collect();
+    let errors = validate(&ppm, None).unwrap_err().0;
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].field, "spec.probes");
+    assert!(errors[0].detail.contains("at most 32"), "{errors:?}");
+    ppm.spec.probes.pop();
+    assert!(validate(&ppm, None).is_ok());
+}

@@ -15,6 +15,15 @@ pub const MARKER_LIST_ANNOTATION: &str = "kruise.io/podprobemarker-list";
 /// cannot have come from a real apiserver; refusing it bounds what podprobe parses.
 pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 
+/// At most this many probes run in one pod: later valid entries are refused. Each probe has at
+/// most one attempt in flight (its next waits for the last, as the kubelet's workers do), so
+/// this also bounds a sidecar's concurrent exec streams, processes and connections.
+pub const MAX_PROBES_PER_POD: usize = 32;
+
+/// Longest `timeoutSeconds` a probe may ask for (five minutes): one attempt holds its exec
+/// stream, process or connection at most this long.
+pub const MAX_TIMEOUT_SECONDS: i32 = 300;
+
 /// Condition types owned by the kubelet and Kruise: the sidecar never writes them, the manager
 /// refuses a probe that names one, and the chart's admission policy denies the sidecar's token
 /// any write of them (with the domains of [`is_reserved_condition_type`]).

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{ContainerPort, PodSpec, Probe};
 
 use super::{
-    MAX_ANNOTATION_BYTES, PODPROBE_ANNOTATION, PodContainerProbe, is_reserved_condition_type,
+    MAX_ANNOTATION_BYTES, MAX_PROBES_PER_POD, MAX_TIMEOUT_SECONDS, PODPROBE_ANNOTATION,
+    PodContainerProbe, is_reserved_condition_type,
 };
 use crate::check::{Strictness, check_handler};
 use crate::field::ValidationErrors;
@@ -96,6 +97,14 @@ pub enum ProbeError {
         "podConditionType: {0:?} is not a qualified name, which the apiserver requires of a pod condition type ({1})"
     )]
     InvalidConditionType(String, String),
+    #[error(
+        "probe.timeoutSeconds: {0} is more than podprobe's limit of {MAX_TIMEOUT_SECONDS} seconds"
+    )]
+    TimeoutTooLong(i32),
+    #[error(
+        "more than {MAX_PROBES_PER_POD} valid probes in one pod: podprobe runs the first {MAX_PROBES_PER_POD}"
+    )]
+    TooManyProbes,
     #[error("podConditionType: {0:?} is already used by probe #{1}; the first entry wins")]
     DuplicateConditionType(String, usize),
     /// The handler's fields, as [`crate::check`] reads them for the runtime.
@@ -202,6 +211,10 @@ pub fn parse(value: &str, pod: Option<&PodContainers>) -> Result<ProbeSet, Annot
                     )));
                     continue;
                 }
+                if set.probes.len() == MAX_PROBES_PER_POD {
+                    set.invalid.push(invalid(ProbeError::TooManyProbes));
+                    continue;
+                }
                 seen_conditions.push((spec.condition_type.clone(), index));
                 set.probes.push(spec);
             }
@@ -260,6 +273,11 @@ pub fn validate(
     };
     let handler = check_handler(&entry.probe, "probe", Strictness::Runtime, container_ports)
         .map_err(|errors| ProbeError::Probe(ValidationErrors(errors)))?;
+    if let Some(timeout) = entry.probe.timeout_seconds
+        && timeout > MAX_TIMEOUT_SECONDS
+    {
+        return Err(ProbeError::TimeoutTooLong(timeout));
+    }
     Ok(ProbeSpec {
         name: entry.name.clone(),
         container_name: entry.container_name.clone(),

@@ -259,3 +259,40 @@ fn reserved_condition_types_include_kubernetes_domains() {
         assert!(!is_reserved_condition_type(free), "{free}");
     }
 }
+
+fn tcp_probe(i: usize, timeout: i32) -> serde_json::Value {
+    serde_json::json!({"name": format!("p{i}"), "containerName": "main",
+        "probe": {"tcpSocket": {"port": 8080}, "timeoutSeconds": timeout},
+        "podConditionType": format!("example.com/p{i}")})
+}
+
+#[test]
+fn a_pod_runs_at_most_the_first_32_valid_probes() {
+    // One invalid entry first: it does not count against the cap.
+    let mut entries = vec![serde_json::json!({"name": "bad"})];
+    entries.extend((0..40).map(|i| tcp_probe(i, 1)));
+    let set = parse(&serde_json::Value::Array(entries).to_string(), None).unwrap();
+    assert_eq!(set.probes.len(), MAX_PROBES_PER_POD);
+    assert_eq!(set.probes.last().unwrap().name, "p31");
+    let too_many: Vec<_> = set
+        .invalid
+        .iter()
+        .filter(|p| p.error == ProbeError::TooManyProbes)
+        .map(|p| p.index)
+        .collect();
+    assert_eq!(too_many, (33..=40).collect::<Vec<_>>());
+    assert!(
+        set.invalid[1]
+            .to_string()
+            .contains("podprobe runs the first 32")
+    );
+}
+
+#[test]
+fn a_timeout_over_five_minutes_is_refused() {
+    let entries = serde_json::json!([tcp_probe(0, 300), tcp_probe(1, 301)]);
+    let set = parse(&entries.to_string(), None).unwrap();
+    assert_eq!(set.probes.len(), 1);
+    assert_eq!(set.invalid[0].error, ProbeError::TimeoutTooLong(301));
+    assert!(set.invalid[0].to_string().contains("limit of 300 seconds"));
+}
