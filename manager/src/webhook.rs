@@ -8,6 +8,11 @@
 //!   which the apiserver handles per the webhook's `failurePolicy`.
 //! - `POST /validate-podprobemarkers` (CREATE/UPDATE): [`validate::validate`]; a denial carries
 //!   code 400 and the field errors as message (OpenKruise: `admission.Errored(400, ...)`).
+//!
+//! Every pod can reach the server, so nothing a client sends may hold it: the TLS handshake
+//! and the headers get 10 s each (the latter in [`podprobe_ops::connection`], also between
+//! keep-alive requests), the body 10 s and [`MAX_BODY`] bytes, and at most [`MAX_IN_FLIGHT`]
+//! bodies are read at once.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -16,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::DynamicObject;
@@ -24,6 +29,7 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use kube::runtime::reflector::Store;
 use serde_json::Value;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -37,8 +43,16 @@ use crate::{annotate, validate};
 
 pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
 pub const VALIDATE_PPM_PATH: &str = "/validate-podprobemarkers";
-/// Largest AdmissionReview accepted (a pod object is at most ~1.5 MiB in etcd).
-const MAX_BODY: usize = 8 << 20;
+/// Largest AdmissionReview accepted: a pod is at most ~1.5 MiB (etcd's request limit), and a
+/// review carries one (CREATE) or a PodProbeMarker twice (UPDATE).
+const MAX_BODY: usize = 4 << 20;
+/// How long a request's body may take to arrive once its headers have (the apiserver sends it
+/// at once; its own webhook timeout is 10 s by default).
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Requests whose bodies are read and answered at once; the rest wait for a turn. With
+/// [`MAX_BODY`] this bounds what a flood of large requests can make the manager hold (64 MiB),
+/// inside the chart's memory limit.
+const MAX_IN_FLIGHT: usize = 16;
 
 /// Who owns PodProbeMarkers, the pod annotations and the markers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,7 +280,11 @@ fn response(answer: Answer) -> Response<Full<Bytes>> {
     r
 }
 
-async fn route(hooks: Arc<Webhooks>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(
+    hooks: Arc<Webhooks>,
+    turns: Arc<Semaphore>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     let start = Instant::now();
     let path = req.uri().path().to_owned();
     if req.method() != Method::POST {
@@ -276,10 +294,33 @@ async fn route(hooks: Arc<Webhooks>, req: Request<Incoming>) -> Response<Full<By
             result: "bad_request",
         });
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return response(bad_request(format!("cannot read the body: {e}")));
+    let too_large = || {
+        response(Answer {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            body: format!("the body is over {MAX_BODY} bytes\n").into_bytes(),
+            result: "bad_request",
+        })
+    };
+    let declared = req.headers().get(http::header::CONTENT_LENGTH);
+    let declared = declared.and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > MAX_BODY) {
+        return too_large();
+    }
+    // The semaphore is never closed, so this waits for a turn and never fails.
+    let Ok(_turn) = turns.acquire().await else {
+        return response(bad_request("the webhook server is shutting down".into()));
+    };
+    let read = Limited::new(req.into_body(), MAX_BODY).collect();
+    let body = match tokio::time::timeout(BODY_READ_TIMEOUT, read).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => return response(bad_request(format!("cannot read the body: {e}"))),
+        Err(_) => {
+            return response(Answer {
+                status: StatusCode::REQUEST_TIMEOUT,
+                body: format!("the body took over {BODY_READ_TIMEOUT:?}\n").into_bytes(),
+                result: "bad_request",
+            });
         }
     };
     let answer = hooks.handle(&path, &body);
@@ -300,6 +341,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(tls);
+    let turns = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     loop {
         let (tcp, peer) = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -315,6 +357,7 @@ pub async fn serve(
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let hooks = hooks.clone();
+        let turns = turns.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let tls =
@@ -330,8 +373,8 @@ pub async fn serve(
                     }
                 };
             let service = hyper::service::service_fn(move |req| {
-                let hooks = hooks.clone();
-                async move { Ok::<_, Infallible>(route(hooks, req).await) }
+                let (hooks, turns) = (hooks.clone(), turns.clone());
+                async move { Ok::<_, Infallible>(route(hooks, turns, req).await) }
             });
             podprobe_ops::connection::serve(tls, service, shutdown).await;
         });

@@ -238,3 +238,53 @@ async fn metrics_health_and_readiness_are_served() {
     );
     assert!(body.contains("podprobe_manager_webhook_duration_seconds_bucket"));
 }
+
+/// What the server answers on one raw TLS connection after `request` is sent (and nothing
+/// more), up to when it closes the connection.
+async fn answer_to(addr: std::net::SocketAddr, ca_pem: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = tls_connect(addr, ca_pem).await.unwrap();
+    tls.write_all(request).await.unwrap();
+    tls.flush().await.unwrap();
+    let mut answer = Vec::new();
+    let read = tls.read_to_end(&mut answer);
+    match tokio::time::timeout(Duration::from_secs(60), read).await {
+        Ok(_) => String::from_utf8_lossy(&answer).into_owned(),
+        Err(_) => panic!("the connection is still open after 60 s"),
+    }
+}
+
+/// Any pod can reach the webhook server: a request that is too large, or whose body never
+/// arrives, is answered and its connection closed instead of being held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_or_stalled_requests_are_refused_not_held() {
+    let (_api, _dir, s) = setup(Mode::Standalone).await;
+    let (addr, ca) = (s.manager.webhook_addr, s.cert.cert_pem.as_str());
+    let headers = |length: usize| {
+        format!(
+            "POST {MUTATE_PODS_PATH} HTTP/1.1\r\nHost: localhost\r\n\
+             Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        )
+    };
+
+    // Declared over the limit: refused before a byte of the body is read.
+    let answer = answer_to(addr, ca, headers(5 << 20).as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+
+    // Declared within it, then only part of it sent: refused once the body's time is up.
+    let started = std::time::Instant::now();
+    let stalled = format!("{}{{\"apiVersion\":", headers(1000));
+    let answer = answer_to(addr, ca, stalled.as_bytes()).await;
+    println!("a stalled body answered after {:?}", started.elapsed());
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+
+    // The server still answers a real review meanwhile.
+    let mut client = HttpsClient::connect(addr, ca).await.unwrap();
+    let pod = app_pod("pod-after", "other");
+    assert!(
+        client
+            .review(MUTATE_PODS_PATH, &pod_review(&pod, "test"))
+            .await
+            .allowed
+    );
+}

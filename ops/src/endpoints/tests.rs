@@ -88,3 +88,45 @@ async fn each_endpoint_answers_with_its_status_and_content_type() {
         "the listener is closed"
     );
 }
+
+/// How long the server kept a connection that sent `prefix` and then nothing: the time (on
+/// the paused clock) until it closed it, and what it answered meanwhile.
+async fn held_for(addr: std::net::SocketAddr, prefix: &[u8]) -> (std::time::Duration, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(prefix).await.unwrap();
+    let start = tokio::time::Instant::now();
+    let mut answered = Vec::new();
+    stream.read_to_end(&mut answered).await.unwrap();
+    (
+        start.elapsed(),
+        String::from_utf8_lossy(&answered).into_owned(),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_never_finishes_a_request_is_dropped() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, Arc::new(Fake::default()), shutdown.clone()));
+    let timeout = crate::connection::HEADER_READ_TIMEOUT;
+    let keep_alive = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    for (what, prefix) in [
+        ("nothing sent", &b""[..]),
+        ("half the headers", b"GET /metrics HTTP/1.1\r\nHost: x\r\n"),
+        ("a request, then idle on keep-alive", keep_alive),
+    ] {
+        let (held, answered) = tokio::time::timeout(timeout * 3, held_for(addr, prefix))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: still open after {:?}", timeout * 3));
+        assert!(
+            held >= timeout && held < timeout * 2,
+            "{what}: closed after {held:?}"
+        );
+        let served = answered.starts_with("HTTP/1.1 200");
+        assert_eq!(served, prefix == keep_alive, "{what}: {answered:?}");
+    }
+    shutdown.cancel();
+    server.await.unwrap();
+}
