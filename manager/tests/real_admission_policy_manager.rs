@@ -1,0 +1,162 @@
+//! The chart's policy on podprobe-manager's own pod writes
+//! (templates/admission-policy-manager.yaml) on a real kube-apiserver, rendered by the real
+//! helm with the manager's RBAC and applied by kubectl: type-checked by the real controller
+//! without a warning, then each write a compromised manager could try, with the manager's own
+//! token. The ClusterRole allows every one of them (`patch pods`), so the policy decides; the
+//! admin's identical writes are the control.
+
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use testkit::real::ControlPlane;
+
+const NS: &str = "games";
+const POLICY: &str = "podprobe-manager-pods";
+const ONLY_METADATA: &str = "may change only a pod's labels and annotations";
+const LABEL: &str = "may not change a pod label";
+const ANNOTATION: &str = "may not change a pod annotation";
+
+async fn pod(cp: &ControlPlane, name: &str) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS,
+            "labels": {"app": "game", "pod-template-hash": "7d9f"},
+            "annotations": {"controller.kubernetes.io/pod-deletion-cost": "0"}},
+        "spec": {"containers": [{"name": "game", "image": "game:1"}]}
+    }))
+    .unwrap();
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+}
+
+/// The HTTP code and message of a patch of pod `name` (200 and "" when accepted).
+async fn send(client: &Client, name: &str, patch: &Patch<Value>) -> (u16, String) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    match pods.patch(name, &PatchParams::default(), patch).await {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn denied_by((code, message): &(u16, String), why: &str) -> bool {
+    *code == 403 && message.contains(POLICY) && message.contains(why)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_managers_pod_writes_change_only_labels_and_annotations() {
+    let mut cp = ControlPlane::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    cp.start_controller_manager(&["validatingadmissionpolicy-status-controller"])
+        .unwrap();
+    for namespace in [NS, cluster::RELEASE_NS] {
+        cp.create_namespace(namespace).await.unwrap();
+    }
+    let sets = cluster::cert_values(&cp, &["localhost"]);
+    let templates = [
+        "templates/admission-policy-manager.yaml",
+        "templates/rbac.yaml",
+        "templates/serviceaccount.yaml",
+    ];
+    cluster::kubectl_apply(&cp, &cluster::render(&cp, &sets, &templates));
+
+    // The policy matches pods (not a subresource), so the apiserver type-checks it.
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(cp.client());
+    let checked = kube::runtime::wait::await_condition(policies, POLICY, |p: Option<&_>| {
+        p.is_some_and(|p: &ValidatingAdmissionPolicy| {
+            p.status.as_ref().is_some_and(|s| s.type_checking.is_some())
+        })
+    });
+    let policy = tokio::time::timeout(Duration::from_secs(60), checked)
+        .await
+        .expect("type-checked in time")
+        .unwrap()
+        .unwrap();
+    let warnings = policy
+        .status
+        .unwrap()
+        .type_checking
+        .unwrap()
+        .expression_warnings;
+    assert_eq!(warnings, None, "the apiserver's type check");
+
+    let manager = cp.client_for_token(
+        &cp.service_account_token(cluster::RELEASE_NS, "podprobe-manager")
+            .await
+            .unwrap(),
+    );
+    pod(&cp, "gs-0").await;
+    // Enforced asynchronously: until a spec change is refused.
+    let spec_change = Patch::Merge(json!({"spec": {"activeDeadlineSeconds": 5}}));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        let answer = send(&manager, "gs-0", &spec_change).await;
+        if answer.0 != 200 || Instant::now() > deadline {
+            break answer;
+        }
+        // An admitted write changed the pod: start over with a fresh one.
+        let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+        pods.delete("gs-0", &kube::api::DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+        pod(&cp, "gs-0").await;
+    };
+    assert!(denied_by(&first, ONLY_METADATA), "{first:?}");
+
+    let merge = Patch::Merge;
+    let toleration: json_patch::Patch = serde_json::from_value(json!([{"op": "add",
+        "path": "/spec/tolerations/-", "value": {"key": "example.com/any", "operator": "Exists"}}]))
+    .unwrap();
+    #[rustfmt::skip] // a table: one case per entry
+    let cases: [(&str, Patch<Value>, Option<&str>); 10] = [
+        ("a marker label, the deletion cost and the probes annotation",
+            merge(json!({"metadata": {"labels": {"server-healthy": "true"}, "annotations": {
+                "controller.kubernetes.io/pod-deletion-cost": "-5", "kruise.io/podprobe": "[]"}}})),
+            None),
+        ("an image",
+            Patch::Strategic(json!({"spec": {"containers": [{"name": "game", "image": "evil:1"}]}})),
+            Some(ONLY_METADATA)),
+        ("a toleration", Patch::Json(toleration), Some(ONLY_METADATA)),
+        ("a finalizer", merge(json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+            Some(ONLY_METADATA)),
+        ("an owner", merge(json!({"metadata": {"ownerReferences": [{"apiVersion": "v1",
+            "kind": "ConfigMap", "name": "x", "uid": "0b5e4d2c-1111-4a4a-8c8c-000000000001"}]}})),
+            Some(ONLY_METADATA)),
+        ("pod-template-hash changed",
+            merge(json!({"metadata": {"labels": {"pod-template-hash": "x"}}})), Some(LABEL)),
+        ("pod-template-hash removed",
+            merge(json!({"metadata": {"labels": {"pod-template-hash": null}}})), Some(LABEL)),
+        ("a kubernetes.io label",
+            merge(json!({"metadata": {"labels": {"app.kubernetes.io/name": "x"}}})), Some(LABEL)),
+        ("a k8s.io annotation",
+            merge(json!({"metadata": {"annotations": {"x.k8s.io/y": "z"}}})), Some(ANNOTATION)),
+        ("the deletion cost removed",
+            merge(json!({"metadata": {"annotations": {
+                "controller.kubernetes.io/pod-deletion-cost": null}}})),
+            None),
+    ];
+    let mut failures = Vec::new();
+    for (i, (what, patch, expect)) in cases.iter().enumerate() {
+        let name = format!("case-{i}");
+        pod(&cp, &name).await;
+        let answer = send(&manager, &name, patch).await;
+        let control = send(&cp.client(), &name, patch).await;
+        println!("{what:<60} manager {answer:?}, admin {}", control.0);
+        let right = match expect {
+            None => answer.0 == 200,
+            Some(why) => denied_by(&answer, why) && control.0 == 200,
+        };
+        if !right {
+            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
