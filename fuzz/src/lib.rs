@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PodSpec;
 use podprobe::annotation::{PodContainers, go_quote, parse, parse_downward_api};
+use podprobe::probe::exec::procfs::{ProcIds, ProcStatus, parse_environ};
+use podprobe::probe::url::ProbeUrl;
 use podprobe_manager::cache::PpmCache;
 use podprobe_manager::crd::PodProbeMarker;
 use podprobe_manager::gojson::{probes_to_go_json, string};
@@ -21,12 +23,14 @@ use serde_json::Value;
 pub type Property = fn(&[u8]);
 
 /// Every target by the name of its `fuzz_targets/<name>.rs` and its corpus directory.
-pub const TARGETS: [(&str, Property); 5] = [
+pub const TARGETS: [(&str, Property); 7] = [
     ("admission_review", admission_review),
     ("annotation", annotation),
     ("downward_api", downward_api),
     ("go_json", go_json),
     ("ppm_validation", ppm_validation),
+    ("proc_files", proc_files),
+    ("redirect_location", redirect_location),
 ];
 
 /// The manager's admission webhooks on any request body: decoding an AdmissionReview, the pod
@@ -114,4 +118,67 @@ pub fn ppm_validation(bytes: &[u8]) {
             assert!(errors.0.iter().all(|e| !e.field.is_empty()));
         }
     }
+}
+
+/// The `/proc/<pid>` files procfs exec reads from processes it does not control (`status`,
+/// `environ`): any bytes parse without a panic; every environment pair read back has a
+/// non-empty key without `=` or NUL and a value without NUL; and a status written the way the
+/// kernel writes it reads back the values it was written with.
+pub fn proc_files(bytes: &[u8]) {
+    for (key, value) in parse_environ(bytes) {
+        let (key, value) = (key.as_encoded_bytes(), value.as_encoded_bytes());
+        assert!(!key.is_empty() && !key.contains(&b'=') && !key.contains(&0), "{key:?}");
+        assert!(!value.contains(&0), "{value:?}");
+    }
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return;
+    };
+    let _ = ProcStatus::parse(text);
+    // The input's first line as the process name (a process sets its own), then the fields.
+    let name = text.lines().next().unwrap_or_default().trim();
+    let seed = bytes.iter().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(*b)));
+    let written = format!(
+        "Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nPPid:\t{}\n\
+         Uid:\t{seed}\t{}\t{seed}\t{seed}\nGid:\t{}\t{}\t1\t1\nGroups:\t{} {}\n\
+         CapEff:\t{:016x}\n",
+        seed % 4_000_000,
+        seed / 3,
+        seed / 5,
+        seed / 7,
+        seed / 11,
+        seed / 13,
+        u64::from(seed) << 9,
+    );
+    let read = ProcStatus::parse(&written);
+    // A name line holding another field's prefix cannot be told apart: the kernel escapes
+    // newlines in names, so only a name that is a single line is expected back.
+    assert_eq!(read.name, name, "{written:?}");
+    assert_eq!(read.ppid, Some(i32::try_from(seed % 4_000_000).unwrap()));
+    let ids = ProcIds {
+        uid: seed / 3,
+        gid: seed / 7,
+        groups: vec![seed / 11, seed / 13],
+    };
+    assert_eq!(read.ids, Some(ids));
+    assert_eq!(read.cap_eff, Some(u64::from(seed) << 9));
+}
+
+/// A redirect's `Location` header, resolved against an httpGet probe's URL as the prober
+/// follows it: any text resolves or errors without a panic, and a resolved URL, printed and
+/// resolved again, is itself (the printed form is what the next hop's request uses).
+pub fn redirect_location(bytes: &[u8]) {
+    let Ok(location) = std::str::from_utf8(bytes) else {
+        return;
+    };
+    let base = ProbeUrl::for_probe("http", "10.0.0.7", 8080, "/healthz/ready?probe=1");
+    let Ok((next, _)) = base.resolve(location) else {
+        return;
+    };
+    let printed = next.to_string();
+    let (again, absolute) = base
+        .resolve(&printed)
+        .unwrap_or_else(|e| panic!("{location:?} resolved to {printed:?}, which does not: {e}"));
+    assert!(absolute, "{printed:?}");
+    assert_eq!(again.to_string(), printed, "{location:?}");
+    let _ = next.request_target();
 }

@@ -17,7 +17,7 @@ pub mod grpc;
 pub mod http;
 pub mod reaper;
 pub mod tcp;
-mod url;
+pub mod url;
 
 use std::time::Duration;
 

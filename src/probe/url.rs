@@ -10,7 +10,7 @@ use podprobe_protocol::rules::{UrlViolation, url_violation};
 use super::tcp::join_host_port;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ProbeUrl {
+pub struct ProbeUrl {
     /// Lower-case scheme.
     pub scheme: String,
     /// `host[:port]` as written (IPv6 bracketed), without user info. Default Host line.

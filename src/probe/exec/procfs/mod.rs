@@ -30,10 +30,8 @@
 //! `CAP_SETUID`/`CAP_SETGID` when the target's ids differ from the sidecar's.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::io::{self, ErrorKind};
 use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -46,6 +44,9 @@ use nix::unistd::{Gid, Uid, getgid, getgroups, getuid, setfsgid, setfsuid};
 
 use super::enter::{Enter, Ids};
 use crate::probe::{AttemptError, ExecAction, ExecMode, Observation};
+
+mod status;
+pub use status::{ProcIds, ProcStatus, parse_environ};
 
 const CAP_SETGID: u32 = 6;
 const CAP_SETUID: u32 = 7;
@@ -113,19 +114,11 @@ pub fn scan(proc: &Path) -> io::Result<Vec<ProcInfo>> {
 
 fn read_info(proc: &Path, pid: i32) -> io::Result<ProcInfo> {
     let dir = proc.join(pid.to_string());
-    let status = std::fs::read_to_string(dir.join("status"))?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-            .unwrap_or_default()
-            .to_owned()
-    };
+    let status = ProcStatus::parse(&std::fs::read_to_string(dir.join("status"))?);
     Ok(ProcInfo {
         pid,
-        ppid: field("PPid:").parse().unwrap_or(-1),
-        comm: field("Name:"),
+        ppid: status.ppid.unwrap_or(-1),
+        comm: status.name,
         cgroup: std::fs::read_to_string(dir.join("cgroup")).unwrap_or_default(),
         kernel_thread: std::fs::read(dir.join("cmdline")).map_or(true, |c| c.is_empty()),
     })
@@ -198,43 +191,17 @@ fn effective_caps() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/thread-self/status")
         .or_else(|_| std::fs::read_to_string("/proc/self/status"))
         .ok()?;
-    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
-    u64::from_str_radix(hex.trim(), 16).ok()
-}
-
-/// The ids a process runs with (effective uid/gid, supplementary groups).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcIds {
-    pub uid: u32,
-    pub gid: u32,
-    pub groups: Vec<u32>,
+    ProcStatus::parse(&status).cap_eff
 }
 
 fn read_ids(proc: &Path, pid: i32) -> io::Result<ProcIds> {
     let status = std::fs::read_to_string(proc.join(pid.to_string()).join("status"))?;
-    let ids = |name: &str| -> Vec<u32> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| {
-                v.split_whitespace()
-                    .filter_map(|n| n.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let (uid, gid) = (ids("Uid:"), ids("Gid:"));
-    match (uid.get(1), gid.get(1)) {
-        (Some(&uid), Some(&gid)) => Ok(ProcIds {
-            uid,
-            gid,
-            groups: ids("Groups:"),
-        }),
-        _ => Err(io::Error::new(
+    ProcStatus::parse(&status).ids.ok_or_else(|| {
+        io::Error::new(
             ErrorKind::InvalidData,
             format!("no Uid/Gid lines in /proc/{pid}/status"),
-        )),
-    }
+        )
+    })
 }
 
 /// Runs `f`; if it fails with EACCES/EPERM and we are root, runs it again with this thread's
@@ -263,21 +230,6 @@ fn open_dir(path: &Path) -> io::Result<OwnedFd> {
         Mode::empty(),
     )
     .map_err(io::Error::from)
-}
-
-fn parse_environ(raw: Vec<u8>) -> Vec<(OsString, OsString)> {
-    raw.split(|b| *b == 0)
-        .filter(|kv| !kv.is_empty())
-        .filter_map(|kv| {
-            let eq = kv.iter().position(|b| *b == b'=')?;
-            (eq > 0).then(|| {
-                (
-                    OsString::from_vec(kv[..eq].to_vec()),
-                    OsString::from_vec(kv[eq + 1..].to_vec()),
-                )
-            })
-        })
-        .collect()
 }
 
 fn vanished(e: &io::Error) -> bool {
@@ -442,7 +394,7 @@ pub async fn attempt_in(
     command
         .args(&action.command[1..])
         .env_clear()
-        .envs(parse_environ(environ));
+        .envs(parse_environ(&environ));
     super::enter::on_exec(
         &mut command,
         Enter {

@@ -123,7 +123,7 @@ fn scan_reads_a_proc_tree() {
 
 #[test]
 fn environ_parses_nul_separated_pairs() {
-    let env = parse_environ(b"A=1\0PATH=/bin:/usr/bin\0EMPTY=\0=bad\0noeq\0".to_vec());
+    let env = parse_environ(b"A=1\0PATH=/bin:/usr/bin\0EMPTY=\0=bad\0noeq\0");
     let env: Vec<(String, String)> = env
         .into_iter()
         .map(|(k, v)| (k.into_string().unwrap(), v.into_string().unwrap()))
