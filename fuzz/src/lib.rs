@@ -127,7 +127,10 @@ pub fn ppm_validation(bytes: &[u8]) {
 pub fn proc_files(bytes: &[u8]) {
     for (key, value) in parse_environ(bytes) {
         let (key, value) = (key.as_encoded_bytes(), value.as_encoded_bytes());
-        assert!(!key.is_empty() && !key.contains(&b'=') && !key.contains(&0), "{key:?}");
+        assert!(
+            !key.is_empty() && !key.contains(&b'=') && !key.contains(&0),
+            "{key:?}"
+        );
         assert!(!value.contains(&0), "{value:?}");
     }
     let Ok(text) = std::str::from_utf8(bytes) else {
@@ -136,7 +139,9 @@ pub fn proc_files(bytes: &[u8]) {
     let _ = ProcStatus::parse(text);
     // The input's first line as the process name (a process sets its own), then the fields.
     let name = text.lines().next().unwrap_or_default().trim();
-    let seed = bytes.iter().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(*b)));
+    let seed = bytes
+        .iter()
+        .fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(*b)));
     let written = format!(
         "Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nPPid:\t{}\n\
          Uid:\t{seed}\t{}\t{seed}\t{seed}\nGid:\t{}\t{}\t1\t1\nGroups:\t{} {}\n\

@@ -1,5 +1,8 @@
 //! Sidecar injection: the JSON patch ops that add the podprobe sidecar, its downward-API
-//! volume and optional readiness gates to a pod at admission.
+//! volume and optional readiness gates to a pod at admission, and give the pod's
+//! service-account token to the sidecar alone ([`token`]).
+
+mod token;
 
 use std::collections::BTreeMap;
 
@@ -156,8 +159,26 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         return vec![];
     }
     let native = config.native_sidecar.enabled(ctx.native_sidecars_supported);
+    let mut sidecar = sidecar_container(config, native);
+    // First: the token's ops remove by index, which appends after them do not disturb.
+    let token = token::plan(spec);
     let mut ops = Vec::new();
-    let container = json(&sidecar_container(config, native));
+    let mut volumes_exist = spec.volumes.is_some();
+    if let Some(token) = token {
+        ops.extend(token.ops);
+        sidecar
+            .volume_mounts
+            .get_or_insert_default()
+            .push(token.sidecar_mount);
+        append(
+            &mut ops,
+            "/spec/volumes",
+            volumes_exist,
+            json(&token.volume),
+        );
+        volumes_exist = true;
+    }
+    let container = json(&sidecar);
     if native {
         // Appended, so ordinary init containers are not delayed and the sidecar is up before
         // the app containers start.
@@ -182,7 +203,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         append(
             &mut ops,
             "/spec/volumes",
-            spec.volumes.is_some(),
+            volumes_exist,
             json(&podinfo_volume(config)),
         );
     }
@@ -309,8 +330,8 @@ mod tests {
             (mount.mount_path.as_str(), mount.read_only),
             ("/etc/podinfo", Some(true))
         );
-        let volume = &spec.volumes.unwrap()[0];
-        assert_eq!(volume.name, mount.name);
+        let volumes = spec.volumes.unwrap();
+        let volume = volumes.iter().find(|v| v.name == mount.name).unwrap();
         let item = &volume
             .downward_api
             .as_ref()
@@ -372,7 +393,7 @@ mod tests {
         assert_eq!(out.containers[1].restart_policy, None);
         assert_eq!(out.init_containers.unwrap().len(), 1);
         let volumes: Vec<String> = out.volumes.unwrap().into_iter().map(|v| v.name).collect();
-        assert_eq!(volumes, ["data", "podprobe-podinfo"]);
+        assert_eq!(volumes, ["data", "podprobe-api-access", "podprobe-podinfo"]);
 
         let mut c = config();
         c.native_sidecar = NativeSidecar::Always;
@@ -432,5 +453,89 @@ mod tests {
         }));
         let injected = applied(&p, &ops);
         assert!(inject_ops(&injected, &c, &ctx).is_empty());
+    }
+
+    /// What kube-apiserver's ServiceAccount plugin adds before the webhook.
+    fn with_generated_token(mut p: Pod, automount: Option<bool>) -> Pod {
+        let spec = p.spec.as_mut().unwrap();
+        spec.automount_service_account_token = automount;
+        let generated = serde_json::json!({"name": "kube-api-access-x7k2p", "projected": {
+            "sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}});
+        let own = serde_json::json!({"name": "own-token", "secret": {"secretName": "s"}});
+        spec.volumes = Some(vec![
+            serde_json::from_value(own).unwrap(),
+            serde_json::from_value(generated).unwrap(),
+        ]);
+        let mount = |name: &str, path: &str| VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: Some(true),
+            ..Default::default()
+        };
+        spec.containers[0].volume_mounts = Some(vec![
+            mount("own-token", "/etc/own"),
+            mount("kube-api-access-x7k2p", token::TOKEN_MOUNT_PATH),
+        ]);
+        spec.init_containers = Some(vec![Container {
+            name: "init".into(),
+            volume_mounts: Some(vec![mount(
+                "kube-api-access-x7k2p",
+                token::TOKEN_MOUNT_PATH,
+            )]),
+            ..Default::default()
+        }]);
+        p
+    }
+
+    fn mounts(c: &Container) -> Vec<(&str, &str)> {
+        let mounts = c.volume_mounts.iter().flatten();
+        mounts
+            .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn the_token_is_mounted_in_the_sidecar_only() {
+        let ctx = InjectContext {
+            native_sidecars_supported: true,
+            ..Default::default()
+        };
+        for automount in [None, Some(false)] {
+            let p = with_generated_token(pod(ENABLED), automount);
+            let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+            assert_eq!(spec.automount_service_account_token, Some(false));
+            assert_eq!(mounts(&spec.containers[0]), [("own-token", "/etc/own")]);
+            let inits = spec.init_containers.unwrap();
+            assert_eq!(mounts(&inits[0]), []);
+            assert_eq!(
+                mounts(&inits[1]),
+                [
+                    ("podprobe-podinfo", "/etc/podinfo"),
+                    (token::TOKEN_VOLUME, token::TOKEN_MOUNT_PATH)
+                ]
+            );
+            let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+            assert_eq!(
+                volumes,
+                ["own-token", token::TOKEN_VOLUME, "podprobe-podinfo"]
+            );
+        }
+    }
+
+    #[test]
+    fn a_pod_that_asks_for_the_token_everywhere_keeps_it() {
+        let ctx = InjectContext::default();
+        let p = with_generated_token(pod(ENABLED), Some(true));
+        let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        assert_eq!(spec.automount_service_account_token, Some(true));
+        assert_eq!(
+            mounts(&spec.containers[0])[1],
+            ("kube-api-access-x7k2p", token::TOKEN_MOUNT_PATH)
+        );
+        let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(
+            volumes,
+            ["own-token", "kube-api-access-x7k2p", "podprobe-podinfo"]
+        );
     }
 }

@@ -26,6 +26,7 @@ const SA: &str = "podprobe-sidecar";
 const POLICY: &str = "podprobe-sidecar-pods-exec";
 const NOT_ITS_NAMESPACE: &str = "exec only into pods of its own namespace";
 const NOT_ITS_POD: &str = "exec only into its own pod";
+const ITS_OWN_CONTAINER: &str = "other than its own";
 
 async fn pod(cp: &ControlPlane, namespace: &str, name: &str) -> Pod {
     let pod: Pod = serde_json::from_value(json!({
@@ -42,8 +43,13 @@ async fn pod(cp: &ControlPlane, namespace: &str, name: &str) -> Pod {
 /// `sh -c :` in `namespace/name` as `client`: `None` when admission let it through (it then
 /// fails for want of a node), else the refusal's message.
 async fn exec(client: &Client, namespace: &str, name: &str) -> Option<String> {
+    exec_in(client, namespace, name, "game").await
+}
+
+/// [`exec`] into `container`.
+async fn exec_in(client: &Client, namespace: &str, name: &str, container: &str) -> Option<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let params = AttachParams::default().container("game").stderr(true);
+    let params = AttachParams::default().container(container).stderr(true);
     match pods.exec(name, ["sh", "-c", ":"], &params).await {
         Err(kube::Error::Api(e)) if e.code == 403 => Some(e.message),
         Err(kube::Error::Api(e)) => {
@@ -121,4 +127,70 @@ async fn the_sidecar_execs_only_into_its_own_pod() {
         "a token bound to no pod: {unbound:?}"
     );
     assert_eq!(exec(&sidecar, NS, "gs-0").await, None, "its own pod");
+    let own_container = exec_in(&sidecar, NS, "gs-0", "podprobe").await;
+    assert!(
+        denied_by(&own_container, ITS_OWN_CONTAINER),
+        "its own container: {own_container:?}"
+    );
+}
+
+/// The bound SECURITY.md gives: an exec names no uid, so a deleted pod's token reaches a
+/// same-named replacement while kube-apiserver still caches the token's review (10 s), and
+/// never after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_pods_token_reaches_its_replacement_for_seconds_only() {
+    let cp = ControlPlane::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    cp.create_namespace(NS).await.unwrap();
+    let mut sets = cluster::cert_values(&cp, &["localhost"]);
+    sets.push(format!("sidecar.namespaces={{{NS}}}"));
+    let templates = [
+        "templates/admission-policy-exec.yaml",
+        "templates/sidecar-rbac.yaml",
+    ];
+    cluster::kubectl_apply(&cp, &cluster::render(&cp, &sets, &templates));
+    let old = pod(&cp, NS, "gs-0").await;
+    pod(&cp, NS, "gs-1").await;
+    let old_token = cp.client_for_token(&cp.pod_token(SA, &old).await.unwrap());
+    // Enforced once the neighbour is refused; the last request also caches the token.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while exec(&old_token, NS, "gs-1").await.is_none() {
+        assert!(Instant::now() < deadline, "the policy is never enforced");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let cached = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    pods.delete("gs-0", &kube::api::DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    pod(&cp, NS, "gs-0").await;
+    let within = exec(&old_token, NS, "gs-0").await;
+    let after = cached.elapsed();
+    println!("the replacement, {after:?} after the token was cached: {within:?}");
+    assert!(
+        after < Duration::from_secs(9),
+        "too slow to be in the window: {after:?}"
+    );
+    assert_eq!(
+        within, None,
+        "inside the cache window the policy cannot tell"
+    );
+
+    // Once the cache entry expires the token is checked against the replacement: 401.
+    let refused = loop {
+        let pods: Api<Pod> = Api::namespaced(old_token.clone(), NS);
+        let params = AttachParams::default().container("game").stderr(true);
+        match pods.exec("gs-0", ["sh", "-c", ":"], &params).await {
+            Err(kube::Error::Api(e)) if e.code == 401 => break cached.elapsed(),
+            _ => {}
+        }
+        assert!(
+            cached.elapsed() < Duration::from_secs(60),
+            "the old token still works"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!("the old token is refused {refused:?} after it was cached");
+    assert!(refused <= Duration::from_secs(30), "{refused:?}");
 }

@@ -204,8 +204,9 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
 /// Pod Security "restricted" enforced in the pod's namespace by the real admission plugin: a
 /// pod whose own containers meet it is admitted with the sidecar as injected by default; a pod
 /// whose own container does not is refused for that container alone, never for the sidecar.
+/// And the service-account token is mounted into the sidecar alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_injected_pod_is_admitted_under_pod_security_restricted() {
+async fn the_injected_pod_passes_pod_security_restricted_and_only_its_sidecar_holds_the_token() {
     let Running { cp, manager, .. } =
         install_and_run(start_control_plane().await, Mode::Standalone).await;
     let admin = cp.client();
@@ -251,6 +252,19 @@ async fn the_injected_pod_is_admitted_under_pod_security_restricted() {
     let spec = created.spec.as_ref().unwrap();
     let sidecar = &spec.init_containers.as_ref().expect("the sidecar")[0];
     assert_eq!(sidecar.name, "podprobe");
+    // The pod's token is the sidecar's alone, through the real ServiceAccount plugin (which
+    // ran before the webhook and again after it).
+    let token_path = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let mounted = |c: &k8s_openapi::api::core::v1::Container| {
+        let mounts = c.volume_mounts.iter().flatten();
+        mounts
+            .filter(|m| m.mount_path == token_path)
+            .map(|m| m.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(mounted(sidecar), ["podprobe-api-access"]);
+    assert_eq!(mounted(&spec.containers[0]), Vec::<String>::new());
+    assert_eq!(spec.automount_service_account_token, Some(false));
     let seccomp = sidecar
         .security_context
         .as_ref()
@@ -322,14 +336,11 @@ async fn webhook_latency_added_to_pod_creates() {
         )
     };
     let calls = bucket_delta(&call(&before), &call(&after));
-    // Two calls per create: the sidecar the first call injects gets the service-account token
-    // mount from the ServiceAccount plugin, which counts as a change after the webhook, and
-    // `reinvocationPolicy: IfNeeded` calls it again (the second answer patches nothing).
-    assert_eq!(
-        calls.last().map(|b| b.1),
-        Some(2 * N as u64),
-        "webhook calls"
-    );
+    // One call per create: the injected sidecar brings its own token mount and the pod's
+    // automount is off, so the ServiceAccount plugin changes nothing after the webhook and
+    // `reinvocationPolicy: IfNeeded` does not call it again (it did while the plugin mounted
+    // the token into the sidecar).
+    assert_eq!(calls.last().map(|b| b.1), Some(N as u64), "webhook calls");
     let own = support::http_get(manager.metrics_addr.unwrap(), "/metrics")
         .await
         .1;

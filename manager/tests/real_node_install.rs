@@ -179,7 +179,15 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     })
     .await;
 
-    // The sidecar's own token: exec into its own pod, and nowhere else.
+    // The game's container holds no token (injection mounts it into the sidecar alone)...
+    exec(
+        &pods,
+        busy,
+        "arena",
+        "test ! -e /var/run/secrets/kubernetes.io/serviceaccount/token",
+    )
+    .await;
+    // ...and the sidecar's own token execs into its own pod, and nowhere else.
     let token = projected_token(&node, &pod);
     let as_sidecar = cp.client_for_token(&token);
     exec_as(as_sidecar.clone(), busy, "arena")

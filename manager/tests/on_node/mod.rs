@@ -406,8 +406,9 @@ pub async fn allow_pods_exec(cp: &ControlPlane) {
         .unwrap();
 }
 
-/// The service-account token the kubelet projected into the pod, read where the kubelet keeps
-/// the volume on the node.
+/// The service-account token the kubelet projected for the pod's sidecar, read where the
+/// kubelet keeps the volume on the node: injection's `podprobe-api-access` (the sidecar's
+/// alone), else the generated `kube-api-access-*` of a pod that keeps it everywhere.
 pub fn projected_token(node: &Node, pod: &Pod) -> String {
     let uid = pod.metadata.uid.as_deref().unwrap();
     let volumes = node
@@ -415,16 +416,19 @@ pub fn projected_token(node: &Node, pod: &Pod) -> String {
         .join("kubelet/pods")
         .join(uid)
         .join("volumes/kubernetes.io~projected");
-    let volume = std::fs::read_dir(&volumes)
+    let mut names: Vec<_> = std::fs::read_dir(&volumes)
         .unwrap()
         .flatten()
-        .find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with("kube-api-access-")
-        })
-        .unwrap_or_else(|| panic!("no kube-api-access volume in {}", volumes.display()));
-    std::fs::read_to_string(volume.path().join("token")).unwrap()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n == "podprobe-api-access" || n.starts_with("kube-api-access-"))
+        .collect();
+    // "podprobe-…" sorts after "kube-…": the sidecar's own volume wins.
+    names.sort();
+    let volume = names
+        .pop()
+        .map(|n| volumes.join(n))
+        .unwrap_or_else(|| panic!("no token volume in {}", volumes.display()));
+    std::fs::read_to_string(volume.join("token")).unwrap()
 }
 
 /// The workspace: where a user runs the README's and the recipes' commands from.

@@ -1,0 +1,145 @@
+//! The pod's service-account token, for the sidecar alone.
+//!
+//! An injected pod runs as the sidecar's service account, and kube-apiserver mounts that
+//! account's token into every container (`kube-api-access-*`, added by the ServiceAccount
+//! admission plugin before the webhook and again on reinvocation). A game server holding it
+//! could write its own probe conditions (and so its markers) and exec into its own pod. So,
+//! unless the pod asks for the token everywhere (`automountServiceAccountToken: true`),
+//! injection turns the automount off, takes the generated volume and its mounts out, and mounts
+//! a projected volume of the same shape into the sidecar only: token, `ca.crt`, `namespace`,
+//! where in-cluster clients look for them. Providers that project tokens themselves (azure-aci
+//! resolves `serviceAccountToken` from the account's token Secret) read it as they read the
+//! generated one.
+
+use k8s_openapi::api::core::v1::{
+    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath,
+    ObjectFieldSelector, PodSpec, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume,
+    VolumeMount, VolumeProjection,
+};
+use serde_json::Value;
+
+use crate::patch::PatchOp;
+
+/// Where in-cluster clients (client-go, kube-rs) read the token, CA and namespace.
+pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The sidecar's token volume.
+pub const TOKEN_VOLUME: &str = "podprobe-api-access";
+/// The prefix of the volume kube-apiserver generates for the automounted token.
+const GENERATED_PREFIX: &str = "kube-api-access-";
+/// The generated token's lifetime, kept: the kubelet refreshes it at 80 %.
+const EXPIRATION_SECONDS: i64 = 3607;
+
+/// The token's move to the sidecar: ops to apply before any other (they remove by index),
+/// and the mount to give the sidecar. `None` when the pod asked for the token in every
+/// container.
+pub struct TokenPlan {
+    pub ops: Vec<PatchOp>,
+    pub sidecar_mount: VolumeMount,
+    pub volume: Volume,
+}
+
+pub fn plan(spec: &PodSpec) -> Option<TokenPlan> {
+    if spec.automount_service_account_token == Some(true) {
+        return None;
+    }
+    let generated = |name: &str| {
+        spec.volumes.iter().flatten().any(|v| {
+            v.name == name
+                && name.starts_with(GENERATED_PREFIX)
+                && v.projected.as_ref().is_some_and(|p| {
+                    p.sources
+                        .iter()
+                        .flatten()
+                        .any(|s| s.service_account_token.is_some())
+                })
+        })
+    };
+    let mut ops = Vec::new();
+    for (list, containers) in [
+        ("containers", Some(&spec.containers)),
+        ("initContainers", spec.init_containers.as_ref()),
+    ] {
+        for (i, container) in containers.into_iter().flatten().enumerate() {
+            let mounts = container.volume_mounts.iter().flatten().enumerate();
+            let generated_mounts: Vec<usize> = mounts
+                .filter(|(_, m)| m.mount_path == TOKEN_MOUNT_PATH && generated(&m.name))
+                .map(|(k, _)| k)
+                .collect();
+            for k in generated_mounts.into_iter().rev() {
+                ops.push(PatchOp::Remove {
+                    path: format!("/spec/{list}/{i}/volumeMounts/{k}"),
+                });
+            }
+        }
+    }
+    let volumes = spec.volumes.iter().flatten().enumerate();
+    let generated_volumes: Vec<usize> = volumes
+        .filter(|(_, v)| generated(&v.name))
+        .map(|(j, _)| j)
+        .collect();
+    for j in generated_volumes.into_iter().rev() {
+        ops.push(PatchOp::Remove {
+            path: format!("/spec/volumes/{j}"),
+        });
+    }
+    ops.push(PatchOp::Add {
+        path: "/spec/automountServiceAccountToken".into(),
+        value: Value::Bool(false),
+    });
+    Some(TokenPlan {
+        ops,
+        sidecar_mount: VolumeMount {
+            name: TOKEN_VOLUME.into(),
+            mount_path: TOKEN_MOUNT_PATH.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        volume: token_volume(),
+    })
+}
+
+/// The same sources as kube-apiserver's generated volume.
+fn token_volume() -> Volume {
+    Volume {
+        name: TOKEN_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o644),
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".into(),
+                        expiration_seconds: Some(EXPIRATION_SECONDS),
+                        audience: None,
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".into(),
+                        items: Some(vec![KeyToPath {
+                            key: "ca.crt".into(),
+                            path: "ca.crt".into(),
+                            mode: None,
+                        }]),
+                        optional: None,
+                    }),
+                    ..Default::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                api_version: Some("v1".into()),
+                                field_path: "metadata.namespace".into(),
+                            }),
+                            ..Default::default()
+                        }]),
+                    }),
+                    ..Default::default()
+                },
+            ]),
+        }),
+        ..Default::default()
+    }
+}
