@@ -301,3 +301,70 @@ async fn works_without_cap_sys_ptrace() {
         "the test without CAP_SYS_PTRACE failed: {status:?}"
     );
 }
+
+/// `proc` mounted at `<root>/proc` while it lives, so a command chrooted there can read its
+/// own `/proc/self/status`.
+struct ProcMount(PathBuf);
+
+impl ProcMount {
+    async fn at(root: &Path) -> ProcMount {
+        let at = root.join("proc");
+        std::fs::create_dir_all(&at).unwrap();
+        let mut mount = std::process::Command::new("mount");
+        mount.args(["-t", "proc", "proc"]).arg(&at);
+        let (_child, exit) = reaper::spawn(&mut mount).unwrap();
+        let status = exit.wait().await.unwrap();
+        assert!(
+            matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+            "mount proc at {}: {status:?}",
+            at.display()
+        );
+        ProcMount(at)
+    }
+}
+
+impl Drop for ProcMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// The `Cap*:` and `NoNewPrivs:` lines of a status file, in order.
+fn limits(status: &str) -> Vec<String> {
+    status
+        .lines()
+        .filter(|l| l.starts_with("Cap") || l.starts_with("NoNewPrivs:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A root target confined as a hardened container's process is (no_new_privs, a small
+/// bounding set): the probe command, although podprobe here holds every capability, runs with
+/// exactly the target's capability sets, bounding set and no_new_privs, not podprobe's.
+#[tokio::test]
+async fn the_command_holds_no_more_than_the_target() {
+    require_chroot();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    rootfs::build(&root).await;
+    let _proc = ProcMount::at(&root).await;
+    let target = TargetProcess::start_confined_root(&root).await;
+    let theirs = std::fs::read_to_string(format!("/proc/{}/status", target.pid)).unwrap();
+    assert!(theirs.contains("NoNewPrivs:\t1"), "{theirs}");
+    let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+    assert_ne!(
+        limits(&ours),
+        limits(&theirs),
+        "the test needs a wider podprobe"
+    );
+
+    let obs = in_target(target.pid, cmd(&["cat", "/proc/self/status"]), 5 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(obs.outcome, Outcome::Succeeded, "{obs:?}");
+    assert_eq!(limits(&obs.message), limits(&theirs), "{}", obs.message);
+    target.stop().await;
+}

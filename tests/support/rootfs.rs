@@ -15,6 +15,9 @@ use podprobe::probe::reaper;
 /// The uid/gid the target process runs as.
 pub const TARGET_UID: u32 = 4242;
 
+/// The capabilities [`TargetProcess::start_confined_root`] keeps (setpriv's syntax).
+pub const CONFINED_CAPS: &str = "+chown,+sys_chroot";
+
 const TOOLS: [&str; 4] = ["sh", "sleep", "cat", "id"];
 
 fn which(name: &str) -> PathBuf {
@@ -102,8 +105,25 @@ pub struct TargetProcess {
 impl TargetProcess {
     pub async fn start(root: &Path) -> TargetProcess {
         let mut command = Command::new(which("chroot"));
+        command.arg(format!("--userspec={TARGET_UID}:{TARGET_UID}"));
+        Self::spawn(command, root).await
+    }
+
+    /// The target as root, but confined as a hardened container's main process is:
+    /// `no_new_privs`, and a bounding set (so permitted and effective sets) of
+    /// [`CONFINED_CAPS`] only (util-linux's `setpriv`).
+    pub async fn start_confined_root(root: &Path) -> TargetProcess {
+        let mut command = Command::new(which("setpriv"));
         command
-            .arg(format!("--userspec={TARGET_UID}:{TARGET_UID}"))
+            .args(["--no-new-privs", "--inh-caps=-all"])
+            .arg(format!("--bounding-set=-all,{CONFINED_CAPS}"))
+            .arg("--")
+            .arg(which("chroot"));
+        Self::spawn(command, root).await
+    }
+
+    async fn spawn(mut command: Command, root: &Path) -> TargetProcess {
+        command
             .arg(root)
             .args(["/bin/sh", "-c", "cd /data && exec sleep 600"])
             .env_clear()

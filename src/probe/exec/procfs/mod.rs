@@ -4,7 +4,12 @@
 //! find its main process, then run the command chrooted into `/proc/<pid>/root` with the
 //! target's environment (`/proc/<pid>/environ`), working directory (`/proc/<pid>/cwd`) and
 //! uid/gid/supplementary groups (`/proc/<pid>/status`), through the same runner as `local`
-//! (timeout, process-group kill, output caps, reaper).
+//! (timeout, process-group kill, output caps, reaper). The command never holds more than the
+//! target: its capability sets are cut to the target's, its bounding set too (or, without
+//! `CAP_SETPCAP` to drop entries, `no_new_privs` is set), and `no_new_privs` when the target
+//! has it ([`super::enter`]). Every file of the target is read through one descriptor of its
+//! `/proc/<pid>` directory, so a pid reused by another process mid-attempt fails the attempt
+//! instead of reaching that process.
 //!
 //! Finding the main process:
 //! 1. by `containerID`: the processes whose `/proc/<pid>/cgroup` names the container's id
@@ -38,11 +43,11 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, open};
+use nix::fcntl::{OFlag, open, openat};
 use nix::sys::stat::Mode;
 use nix::unistd::{Gid, Uid, getgid, getgroups, getuid, setfsgid, setfsuid};
 
-use super::enter::{Enter, Ids};
+use super::enter::{Confine, Enter, Ids};
 use crate::probe::{AttemptError, ExecAction, ExecMode, Observation};
 
 mod status;
@@ -50,6 +55,7 @@ pub use status::{ProcIds, ProcStatus, parse_environ};
 
 const CAP_SETGID: u32 = 6;
 const CAP_SETUID: u32 = 7;
+const CAP_SETPCAP: u32 = 8;
 const CAP_SYS_CHROOT: u32 = 18;
 
 /// How the main process was found.
@@ -186,21 +192,53 @@ pub fn locate_in(
     }
 }
 
-/// Effective capabilities of this thread (`CapEff` in `/proc/thread-self/status`).
-fn effective_caps() -> Option<u64> {
+/// This thread's status (`/proc/thread-self/status`): the capabilities a forked child starts
+/// with.
+fn own_status() -> Option<ProcStatus> {
     let status = std::fs::read_to_string("/proc/thread-self/status")
         .or_else(|_| std::fs::read_to_string("/proc/self/status"))
         .ok()?;
-    ProcStatus::parse(&status).cap_eff
+    Some(ProcStatus::parse(&status))
+}
+
+/// Effective capabilities of this thread.
+fn effective_caps() -> Option<u64> {
+    own_status()?.cap_eff
 }
 
 fn read_ids(proc: &Path, pid: i32) -> io::Result<ProcIds> {
     let status = std::fs::read_to_string(proc.join(pid.to_string()).join("status"))?;
-    ProcStatus::parse(&status).ids.ok_or_else(|| {
+    status_ids(&ProcStatus::parse(&status), pid)
+}
+
+fn status_ids(status: &ProcStatus, pid: i32) -> io::Result<ProcIds> {
+    status.ids.clone().ok_or_else(|| {
         io::Error::new(
             ErrorKind::InvalidData,
             format!("no Uid/Gid lines in /proc/{pid}/status"),
         )
+    })
+}
+
+/// What the command may hold: the target's capability sets and `no_new_privs`, and the
+/// bounding-set entries of ours that the target lacks. Without `CAP_SETPCAP` those cannot be
+/// dropped; `no_new_privs` then keeps the command from gaining them through a set-uid or
+/// file-capability binary.
+fn confine(target: &ProcStatus, pid: i32) -> Result<Confine, String> {
+    let theirs = target
+        .caps
+        .ok_or_else(|| format!("cannot read the capabilities in /proc/{pid}/status"))?;
+    let ours = own_status()
+        .and_then(|s| s.caps)
+        .ok_or("cannot read this process' capabilities")?;
+    let extra = ours.bounding & !theirs.bounding;
+    let can_drop = ours.effective & (1 << CAP_SETPCAP) != 0;
+    Ok(Confine {
+        drop_bounding: if can_drop { extra } else { 0 },
+        inheritable: theirs.inheritable,
+        permitted: theirs.permitted,
+        effective: theirs.effective,
+        no_new_privs: target.no_new_privs || (extra != 0 && !can_drop),
     })
 }
 
@@ -230,6 +268,21 @@ fn open_dir(path: &Path) -> io::Result<OwnedFd> {
         Mode::empty(),
     )
     .map_err(io::Error::from)
+}
+
+/// `name` in the process directory `dir` (a `/proc/<pid>` descriptor), as an `O_PATH`
+/// directory descriptor.
+fn open_dir_at(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    openat(dir, name, flags, Mode::empty()).map_err(io::Error::from)
+}
+
+/// The contents of `name` in the process directory `dir`.
+fn read_at(dir: &OwnedFd, name: &str) -> io::Result<Vec<u8>> {
+    let fd = openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?;
+    let mut contents = Vec::new();
+    std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut contents)?;
+    Ok(contents)
 }
 
 fn vanished(e: &io::Error) -> bool {
@@ -357,16 +410,32 @@ pub async fn attempt_in(
             source: io::Error::new(ErrorKind::InvalidInput, "empty command"),
         });
     };
-    let dir = proc.join(pid.to_string());
     let gone = |e: io::Error| AttemptError::Other(format!("target process {pid} is gone: {e}"));
-    let ids = read_ids(proc, pid).map_err(|e| {
+    // Everything below is read through this one descriptor of the process' directory: if the
+    // process exits meanwhile, every read through it fails (ESRCH) instead of reaching a new
+    // process that was given the same pid.
+    let dir = open_dir(&proc.join(pid.to_string())).map_err(|e| {
         if vanished(&e) {
             gone(e)
         } else {
-            unavailable(format!("cannot read /proc/{pid}/status: {e}"))
+            unavailable(format!("cannot open /proc/{pid}: {e}"))
         }
     })?;
+    let status = read_at(&dir, "status")
+        .and_then(|raw| {
+            let status = ProcStatus::parse(&String::from_utf8_lossy(&raw));
+            Ok((status_ids(&status, pid)?, status))
+        })
+        .map_err(|e| {
+            if vanished(&e) {
+                gone(e)
+            } else {
+                unavailable(format!("cannot read /proc/{pid}/status: {e}"))
+            }
+        });
+    let (ids, status) = status?;
     missing_caps(&ids).map_err(unavailable)?;
+    let confine = confine(&status, pid).map_err(unavailable)?;
     let no_access = |what: &str, e: io::Error| {
         if vanished(&e) {
             return gone(e);
@@ -375,10 +444,10 @@ pub async fn attempt_in(
             "cannot open /proc/{pid}/{what}: {e} (needs CAP_SYS_PTRACE, or the target's uid/gid, a dumpable target and every capability the target holds: a root sidecar that keeps the runtime's default capabilities has them for a default root target)"
         ))
     };
-    let root = with_target_fsids(&ids, || open_dir(&dir.join("root")))
-        .map_err(|e| no_access("root", e))?;
-    let cwd = with_target_fsids(&ids, || open_dir(&dir.join("cwd"))).ok();
-    let environ = with_target_fsids(&ids, || std::fs::read(dir.join("environ")))
+    let root =
+        with_target_fsids(&ids, || open_dir_at(&dir, "root")).map_err(|e| no_access("root", e))?;
+    let cwd = with_target_fsids(&ids, || open_dir_at(&dir, "cwd")).ok();
+    let environ = with_target_fsids(&ids, || read_at(&dir, "environ"))
         .map_err(|e| no_access("environ", e))?;
 
     let switch = ids.uid != getuid().as_raw()
@@ -405,6 +474,7 @@ pub async fn attempt_in(
                 gid: Gid::from_raw(ids.gid),
                 groups: ids.groups.iter().map(|g| Gid::from_raw(*g)).collect(),
             }),
+            confine,
         },
     );
     match super::run(command, &action.command, timeout).await {

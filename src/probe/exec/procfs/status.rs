@@ -25,6 +25,20 @@ pub struct ProcStatus {
     pub ids: Option<ProcIds>,
     /// `CapEff:`, hexadecimal.
     pub cap_eff: Option<u64>,
+    /// The capability sets the command must not exceed: `CapInh`, `CapPrm`, `CapEff`,
+    /// `CapBnd`; `None` unless all four parse.
+    pub caps: Option<CapSets>,
+    /// `NoNewPrivs: 1`.
+    pub no_new_privs: bool,
+}
+
+/// A process' capability sets, one bit per capability.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CapSets {
+    pub inheritable: u64,
+    pub permitted: u64,
+    pub effective: u64,
+    pub bounding: u64,
 }
 
 impl ProcStatus {
@@ -48,11 +62,30 @@ impl ProcStatus {
             }),
             _ => None,
         };
+        let hex = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok());
+        let caps = match (
+            hex("CapInh:"),
+            hex("CapPrm:"),
+            hex("CapEff:"),
+            hex("CapBnd:"),
+        ) {
+            (Some(inheritable), Some(permitted), Some(effective), Some(bounding)) => {
+                Some(CapSets {
+                    inheritable,
+                    permitted,
+                    effective,
+                    bounding,
+                })
+            }
+            _ => None,
+        };
         ProcStatus {
             name: field("Name:").unwrap_or_default().to_owned(),
             ppid: field("PPid:").and_then(|v| v.parse().ok()),
             ids,
-            cap_eff: field("CapEff:").and_then(|v| u64::from_str_radix(v, 16).ok()),
+            cap_eff: hex("CapEff:"),
+            caps,
+            no_new_privs: field("NoNewPrivs:") == Some("1"),
         }
     }
 }
