@@ -62,9 +62,7 @@ async fn publish(recorder: &Recorder, ev: &Event, about: &ObjectReference) -> Op
 }
 
 fn denied_by(refusal: &Option<String>, validation: &str) -> bool {
-    refusal
-        .as_deref()
-        .is_some_and(|m| m.contains(POLICY) && m.contains(validation))
+    cluster::refused_by(refusal, POLICY, validation)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,13 +71,7 @@ async fn the_sidecar_writes_events_about_its_own_pod_only() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     cp.create_namespace(NS).await.unwrap();
-    let mut sets = cluster::cert_values(&cp, &["localhost"]);
-    sets.push(format!("sidecar.namespaces={{{NS}}}"));
-    let templates = [
-        "templates/admission-policy-events.yaml",
-        "templates/sidecar-rbac.yaml",
-    ];
-    cluster::kubectl_apply(&cp, &cluster::render(&cp, &sets, &templates));
+    cluster::apply_sidecar_policy(&cp, &[NS], "templates/admission-policy-events.yaml");
     let own = pod(&cp, "gs-0").await;
     let neighbour = pod(&cp, "gs-1").await;
     let sidecar = recorder(&cp.client_for_token(&cp.pod_token(SA, &own).await.unwrap()));

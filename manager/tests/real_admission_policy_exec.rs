@@ -65,9 +65,7 @@ async fn exec_in(client: &Client, namespace: &str, name: &str, container: &str) 
 }
 
 fn denied_by(refusal: &Option<String>, validation: &str) -> bool {
-    refusal
-        .as_deref()
-        .is_some_and(|m| m.contains(POLICY) && m.contains(validation))
+    cluster::refused_by(refusal, POLICY, validation)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,13 +76,7 @@ async fn the_sidecar_execs_only_into_its_own_pod() {
     for namespace in [NS, OTHER_NS] {
         cp.create_namespace(namespace).await.unwrap();
     }
-    let mut sets = cluster::cert_values(&cp, &["localhost"]);
-    sets.push(format!("sidecar.namespaces={{{NS},{OTHER_NS}}}"));
-    let templates = [
-        "templates/admission-policy-exec.yaml",
-        "templates/sidecar-rbac.yaml",
-    ];
-    cluster::kubectl_apply(&cp, &cluster::render(&cp, &sets, &templates));
+    cluster::apply_sidecar_policy(&cp, &[NS, OTHER_NS], "templates/admission-policy-exec.yaml");
     // The games account gets the Role in the other namespace too: RBAC would allow it there.
     let binding: RoleBinding = serde_json::from_value(json!({
         "metadata": {"name": "games-sidecar"},
@@ -143,13 +135,7 @@ async fn a_deleted_pods_token_reaches_its_replacement_for_seconds_only() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     cp.create_namespace(NS).await.unwrap();
-    let mut sets = cluster::cert_values(&cp, &["localhost"]);
-    sets.push(format!("sidecar.namespaces={{{NS}}}"));
-    let templates = [
-        "templates/admission-policy-exec.yaml",
-        "templates/sidecar-rbac.yaml",
-    ];
-    cluster::kubectl_apply(&cp, &cluster::render(&cp, &sets, &templates));
+    cluster::apply_sidecar_policy(&cp, &[NS], "templates/admission-policy-exec.yaml");
     let old = pod(&cp, NS, "gs-0").await;
     pod(&cp, NS, "gs-1").await;
     let old_token = cp.client_for_token(&cp.pod_token(SA, &old).await.unwrap());

@@ -34,6 +34,16 @@ async fn set_condition(client: &Client, name: &str, status: &str) {
         .unwrap();
 }
 
+/// TV-03's PodProbeMarker, created and then in the webhook's cache.
+async fn create_tv03(admin: &Client, manager: &podprobe_manager::run::Manager) {
+    Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &ppm(&tv03_ppm()))
+        .await
+        .unwrap();
+    let cache = manager.ppms.clone();
+    support::eventually(LIMIT, "PPM cached", || !cache.namespace(NS).is_empty()).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
     let Running { cp, manager, .. } =
@@ -75,11 +85,7 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
     ] {
         assert!(refused.message.contains(field), "{}", refused.message);
     }
-    ppms.create(&PostParams::default(), &ppm(&tv03_ppm()))
-        .await
-        .unwrap();
-    let cache = manager.ppms.clone();
-    support::eventually(LIMIT, "PPM cached", || !cache.namespace(NS).is_empty()).await;
+    create_tv03(&admin, &manager).await;
 
     // A pod through the real admission chain: the annotation byte for byte as OpenKruise
     // writes it (TV-03), the native sidecar and the readiness gate.
@@ -217,12 +223,7 @@ async fn the_injected_pod_passes_pod_security_restricted_and_only_its_sidecar_ho
         .patch(NS, &PatchParams::default(), &Patch::Merge(&restricted))
         .await
         .unwrap();
-    Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &ppm(&tv03_ppm()))
-        .await
-        .unwrap();
-    let cache = manager.ppms.clone();
-    support::eventually(LIMIT, "PPM cached", || !cache.namespace(NS).is_empty()).await;
+    create_tv03(&admin, &manager).await;
 
     // The game container meets "restricted" on its own (no pod-level securityContext, so
     // the sidecar's must too).
@@ -299,12 +300,7 @@ async fn webhook_latency_added_to_pod_creates() {
     let Running { cp, manager, .. } =
         install_and_run(start_control_plane().await, Mode::Standalone).await;
     let admin = cp.client();
-    Api::<PodProbeMarker>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &ppm(&tv03_ppm()))
-        .await
-        .unwrap();
-    let cache = manager.ppms.clone();
-    support::eventually(LIMIT, "PPM cached", || !cache.namespace(NS).is_empty()).await;
+    create_tv03(&admin, &manager).await;
     // The same pods in a namespace the webhook does not select.
     cp.create_namespace("plain").await.unwrap();
 

@@ -93,6 +93,23 @@ pub fn kubectl_apply(cp: &ControlPlane, manifest: &str) {
     );
 }
 
+/// The chart's sidecar RBAC for `namespaces` and one of its sidecar policy templates
+/// (`templates/admission-policy-*.yaml`), rendered by the real helm and applied: the set-up of
+/// the tests that check one policy on its own.
+pub fn apply_sidecar_policy(cp: &ControlPlane, namespaces: &[&str], policy_template: &str) {
+    let mut sets = cert_values(cp, &["localhost"]);
+    sets.push(format!("sidecar.namespaces={{{}}}", namespaces.join(",")));
+    let templates = [policy_template, "templates/sidecar-rbac.yaml"];
+    kubectl_apply(cp, &render(cp, &sets, &templates));
+}
+
+/// Whether `refusal` (a 403's message) is `policy`'s, by the validation saying `validation`.
+pub fn refused_by(refusal: &Option<String>, policy: &str, validation: &str) -> bool {
+    refusal
+        .as_deref()
+        .is_some_and(|m| m.contains(policy) && m.contains(validation))
+}
+
 /// The objects of multi-document YAML as JSON.
 pub fn documents(yaml: &str) -> Vec<serde_json::Value> {
     serde_saphyr::from_multiple::<serde_json::Value>(yaml)
