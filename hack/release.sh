@@ -9,7 +9,8 @@
 #   REGISTRY  where the images go (default ghcr.io/podprobe, the chart's default); log in first
 #             with `buildah login REGISTRY`
 #   VERSION   the tag (default: the chart's appVersion, which the chart's image tags follow)
-#   OUT       the chart package, the binaries, and the plugin's release assets (default
+#   OUT       the chart package, the binaries, images.txt (each image list by digest,
+#             REF@sha256:..., when pushed or written), and the plugin's release assets (default
 #             target/dist: not cargo's target/release): kubectl-podprobe-linux-ARCH.tar.gz and
 #             podprobe.yaml, krew's manifest (hack/krew-package.sh; URLs under the GitHub release
 #             vVERSION unless KREW_BASE_URL says otherwise), to attach to that release
@@ -46,6 +47,8 @@ for arch in amd64 arm64; do
   hack/build-static.sh "$arch" "$out/$arch/dist" --plugin
 done
 
+mkdir -p "$out"
+rm -f "$out/images.txt"
 for image in podprobe:sidecar podprobe-manager:manager; do
   name="${image%%:*}" stage="${image##*:}"
   list="$registry/$name:$version"
@@ -56,12 +59,18 @@ for image in podprobe:sidecar podprobe-manager:manager; do
     buildah build --quiet --platform "linux/$arch" --target "$stage" \
       --build-context "binaries=$out/$arch" --manifest "$list" .
   done
+  # The pushed list's digest: what users pin (REF@sha256:...), listed in $out/images.txt.
+  digest="$out/$name.digest"
   case "$push" in
-    docker) buildah manifest push --all "$list" "docker://$list" ;;
-    dest) buildah manifest push --all "$list" "${dest%/}/$name:$version" ;;
+    docker) buildah manifest push --all --digestfile "$digest" "$list" "docker://$list" ;;
+    dest) buildah manifest push --all --digestfile "$digest" "$list" "${dest%/}/$name:$version" ;;
     none) ;;
   esac
+  if [ -f "$digest" ]; then
+    echo "$list@$(cat "$digest")" >>"$out/images.txt"
+  fi
 done
+[ ! -f "$out/images.txt" ] || { echo "== released images, by digest ($out/images.txt)"; cat "$out/images.txt"; }
 
 echo "== chart (helm package)"
 "$helm" package charts/podprobe --destination "$out"

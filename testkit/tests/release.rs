@@ -94,6 +94,7 @@ fn release_builds_both_images_for_both_architectures_and_the_chart() {
 
     let version = app_version();
     let mut released = Vec::new();
+    let mut by_digest = Vec::new();
     for (name, binary) in [
         ("podprobe", "podprobe"),
         ("podprobe-manager", "podprobe-manager"),
@@ -136,7 +137,14 @@ fn release_builds_both_images_for_both_architectures_and_the_chart() {
         platforms.sort();
         assert_eq!(platforms, ["amd64", "arm64"], "{name}'s manifest list");
         released.push(format!("ghcr.io/podprobe/{name}:{version}"));
+        by_digest.push(format!(
+            "ghcr.io/podprobe/{name}:{version}@{}",
+            tagged["digest"].as_str().unwrap()
+        ));
     }
+    // What users pin: each list's reference by the digest written.
+    let listed = std::fs::read_to_string(out.join("images.txt")).unwrap();
+    assert_eq!(listed.lines().collect::<Vec<_>>(), by_digest, "images.txt");
 
     // The packaged chart deploys and injects exactly the released references by default.
     let package = out.join(format!("podprobe-{version}.tgz"));
