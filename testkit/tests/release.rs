@@ -175,6 +175,134 @@ fn release_builds_both_images_for_both_architectures_and_the_chart() {
     assert_eq!(referenced, released, "the chart's default images");
 
     plugin_assets(&out, &version);
+    sboms(&out);
+    provenance(&out, &listed, &version);
+}
+
+/// The version Cargo.lock pins for `name` (its only version in the lock).
+fn locked_version(name: &str) -> String {
+    let lock = std::fs::read_to_string(images::workspace_path("Cargo.lock")).unwrap();
+    let versions: Vec<&str> = lock
+        .split("[[package]]")
+        .filter(|p| p.contains(&format!("\nname = \"{name}\"\n")))
+        .filter_map(|p| p.lines().find_map(|l| l.strip_prefix("version = \"")))
+        .map(|v| v.trim_end_matches('"'))
+        .collect();
+    assert_eq!(versions.len(), 1, "{name} in Cargo.lock: {versions:?}");
+    versions[0].to_owned()
+}
+
+/// Each shipped binary's CycloneDX SBOM, per architecture, read by syft from the crate list
+/// cargo-auditable embedded: the crates built in at their locked versions, and no crate that
+/// only the tests use.
+fn sboms(out: &Path) {
+    for platform in [Platform::Amd64, Platform::Arm64] {
+        for (binary, built_in, test_only) in [
+            (
+                "podprobe",
+                ["tokio", "kube-client", "hyper"],
+                ["cel", "testkit"],
+            ),
+            (
+                "podprobe-manager",
+                ["tokio", "kube-runtime", "rustls"],
+                ["cel", "testkit"],
+            ),
+            (
+                "kubectl-podprobe",
+                ["tokio", "kube-client", "clap"],
+                ["cel", "testkit"],
+            ),
+        ] {
+            let path = out.join(format!("{binary}-linux-{}.cdx.json", platform.arch()));
+            let sbom = read_json(&path);
+            assert_eq!(sbom["bomFormat"], "CycloneDX", "{}", path.display());
+            let components: Vec<(String, String)> = sbom["components"]
+                .as_array()
+                .unwrap_or_else(|| panic!("no components in {}", path.display()))
+                .iter()
+                .filter(|c| c["type"] == "library")
+                .map(|c| {
+                    let field = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                    (field("name"), field("version"))
+                })
+                .collect();
+            for name in built_in {
+                let version = locked_version(name);
+                assert!(
+                    components.contains(&(name.to_owned(), version.clone())),
+                    "{name} {version} in {}: {components:?}",
+                    path.display()
+                );
+            }
+            for name in test_only {
+                assert!(
+                    components.iter().all(|(n, _)| n != name),
+                    "{name} in {}",
+                    path.display()
+                );
+            }
+        }
+    }
+}
+
+/// The provenance statement: every released artifact by its digest, and the lock file it was
+/// built from.
+fn provenance(out: &Path, images: &str, version: &str) {
+    let statement = read_json(&out.join("provenance.json"));
+    assert_eq!(statement["_type"], "https://in-toto.io/Statement/v1");
+    assert_eq!(statement["predicateType"], "https://slsa.dev/provenance/v1");
+    let subjects: Vec<(String, String)> = statement["subject"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let (algorithm, digest) = s["digest"].as_object().unwrap().iter().next().unwrap();
+            let name = s["name"].as_str().unwrap().to_owned();
+            (name, format!("{algorithm}:{}", digest.as_str().unwrap()))
+        })
+        .collect();
+    let sha256 = |path: &Path| {
+        let sum = Command::new("sha256sum").arg(path).output().unwrap();
+        let sum = String::from_utf8(sum.stdout).unwrap();
+        format!("sha256:{}", sum.split_whitespace().next().unwrap())
+    };
+    let mut expected: Vec<(String, String)> = images
+        .lines()
+        .map(|l| {
+            let (reference, digest) = l.split_once('@').unwrap();
+            (reference.to_owned(), digest.to_owned())
+        })
+        .collect();
+    let mut files = vec![
+        format!("podprobe-{version}.tgz"),
+        "podprobe.yaml".to_owned(),
+    ];
+    for platform in [Platform::Amd64, Platform::Arm64] {
+        files.push(format!("kubectl-podprobe-linux-{}.tar.gz", platform.arch()));
+        for binary in ["podprobe", "podprobe-manager", "kubectl-podprobe"] {
+            files.push(format!("{binary}-linux-{}.cdx.json", platform.arch()));
+        }
+    }
+    expected.extend(files.into_iter().map(|f| {
+        let digest = sha256(&out.join(&f));
+        (f, digest)
+    }));
+    let (mut subjects, mut expected) = (subjects, expected);
+    subjects.sort();
+    expected.sort();
+    assert_eq!(subjects, expected, "provenance.json's subjects");
+    let dependencies = &statement["predicate"]["buildDefinition"]["resolvedDependencies"];
+    let lock = dependencies
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "Cargo.lock")
+        .unwrap_or_else(|| panic!("no Cargo.lock in {dependencies}"));
+    assert_eq!(
+        format!("sha256:{}", lock["digest"]["sha256"].as_str().unwrap()),
+        sha256(&images::workspace_path("Cargo.lock"))
+    );
 }
 
 /// The plugin's release assets: one archive per architecture holding its machine's binary and
