@@ -124,11 +124,14 @@ fn table(
 }
 
 /// `text` with every character a terminal would act on instead of print (C0 and C1 controls
-/// such as ESC, BEL, CR; bidirectional overrides; other non-printable characters) replaced by
-/// its Rust escape (`\u{1b}`, `\r`, `\u{202e}`), so what the operator reads is what is stored.
-/// Quotes and backslashes stay as they are: they are printable.
+/// such as ESC, BEL, CR, LF; bidirectional overrides; other non-printable characters) replaced
+/// by its Rust escape (`\u{1b}`, `\r`, `\n`, `\u{202e}`), so what the operator reads is what
+/// is stored, and a message cannot forge a line of its own. Quotes and backslashes stay as they
+/// are (printable), and so does a tab: it only moves to the next column stop, and the Events
+/// lines use it as their separator.
 pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| !matches!(c, '\\' | '\'' | '"') && c.escape_debug().len() > 1;
+    let unsafe_char =
+        |c: char| !matches!(c, '\\' | '\'' | '"' | '\t') && c.escape_debug().len() > 1;
     if !text.chars().any(unsafe_char) {
         return text.into();
     }
@@ -230,10 +233,12 @@ mod tests {
         }
     }
 
-    /// What a terminal would act on: ESC, BEL, CR, other C0/C1 controls, bidi overrides.
+    /// What a terminal would act on: ESC, BEL, CR, other C0/C1 controls, bidi overrides (the
+    /// output's own line ends and tabs aside).
     fn acts_on_terminal(text: &str) -> bool {
-        text.chars()
-            .any(|c| (c.is_control() && c != '\n') || ('\u{202a}'..='\u{202e}').contains(&c))
+        text.chars().any(|c| {
+            (c.is_control() && !matches!(c, '\n' | '\t')) || ('\u{202a}'..='\u{202e}').contains(&c)
+        })
     }
 
     #[test]
@@ -267,6 +272,19 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert!(!acts_on_terminal(&text), "{text:?}");
         assert_eq!(text.matches(r"\u{1b}]0;owned").count(), 3, "{text}");
+
+        // A newline in a finding cannot forge a line of the report; a tab stays a tab.
+        let link = Link {
+            name: "condition",
+            ok: false,
+            finding: "missing\n  ok   condition      all is well".into(),
+        };
+        let mut out = Vec::new();
+        let events = ["5m ago\tWarning\tX\tmessage".to_owned()];
+        explain(&mut out, "gs-0", &[link], &events).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("\n  ok   condition"), "{text}");
+        assert!(text.contains("5m ago\tWarning\tX\tmessage"), "{text}");
     }
 
     #[test]
