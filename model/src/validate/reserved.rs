@@ -1,8 +1,12 @@
 //! Marker keys a PodProbeMarker may not set: a marker is a label or annotation patch on every
 //! pod the PodProbeMarker selects, so the keys that steer the protocol, Kubernetes' own
 //! controllers or the PodProbeMarker's own selection are refused here (podprobe's rule, not
-//! OpenKruise's; docs/kruise-compatibility.md). Every other key stays the author's to set:
-//! grant PodProbeMarker creation as you would label and annotation patches on those pods.
+//! OpenKruise's; docs/kruise-compatibility.md). Labels select pods (Services, controllers), so
+//! labels in the domains Kubernetes reserves are refused too; annotations there are what
+//! markers are for (the deletion cost, the cluster autoscaler's safe-to-evict, OpenKruise's own
+//! test vectors use `controller.kubernetes.io/*`), so only the protocol's and a malformed
+//! deletion cost are. Every other key stays the author's to set: grant PodProbeMarker creation
+//! as you would label and annotation patches on those pods.
 
 use std::collections::BTreeSet;
 
@@ -14,8 +18,8 @@ use podprobe_protocol::field::{FieldError, invalid, quoted};
 
 use crate::crd::ProbeMarkerPolicy;
 
-/// The one key in a Kubernetes domain a marker may set: the deletion cost that decides which
-/// pods a ReplicaSet or CloneSet scales in first (the idle recipe).
+/// The deletion cost that decides which pods a ReplicaSet or CloneSet scales in first (the
+/// idle recipe): the apiserver refuses a pod whose value is not an int32.
 pub const POD_DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// Label keys without a domain that controllers use to tell their pods apart; changed, a pod
@@ -54,8 +58,12 @@ pub fn reserved_key_errors(
             )
         } else if CONTROLLER_LABELS.contains(&key.as_str()) {
             Some("is set by the pod's controller to tell its pods apart")
+        } else if in_kubernetes_domain(key) {
+            Some(
+                "is a label in a domain Kubernetes reserves for its components (kubernetes.io, k8s.io), which Services and controllers select by",
+            )
         } else {
-            shared_reason(key)
+            protocol_reason(key)
         };
         if let Some(why) = why {
             errors.push(invalid(&format!("{path}.labels"), quoted(key), why));
@@ -68,7 +76,7 @@ pub fn reserved_key_errors(
                 .is_err()
                 .then_some("must be an integer in the int32 range, as the apiserver requires")
         } else {
-            shared_reason(key)
+            protocol_reason(key)
         };
         if let Some(why) = why {
             let shown = if key == POD_DELETION_COST { value } else { key };
@@ -78,14 +86,9 @@ pub fn reserved_key_errors(
     errors
 }
 
-/// Why neither a label nor an annotation may use `key`.
-fn shared_reason(key: &str) -> Option<&'static str> {
-    if key == PODPROBE_ANNOTATION || key == MARKER_LIST_ANNOTATION {
-        return Some(
-            "is written by the PodProbeMarker controller: the marker would change the probes the sidecar runs",
-        );
-    }
-    in_kubernetes_domain(key).then_some(
-        "is in a domain Kubernetes reserves for its components (kubernetes.io, k8s.io); of those, a marker may set only the annotation controller.kubernetes.io/pod-deletion-cost",
+/// Why neither a label nor an annotation may use `key`: the protocol's own.
+fn protocol_reason(key: &str) -> Option<&'static str> {
+    (key == PODPROBE_ANNOTATION || key == MARKER_LIST_ANNOTATION).then_some(
+        "is written by the PodProbeMarker controller: the marker would change the probes the sidecar runs",
     )
 }

@@ -444,6 +444,7 @@ fn markers_may_not_set_reserved_keys() {
         ("pod-template-hash", "controller"),
         ("controller-revision-hash", "controller"),
         ("app.kubernetes.io/name", "reserves"),
+        ("topology.k8s.io/zone", "reserves"),
         ("kruise.io/podprobe", "PodProbeMarker controller"),
     ] {
         let errors = refused(&[(key, "x")], &[]);
@@ -457,8 +458,6 @@ fn markers_may_not_set_reserved_keys() {
             "x",
             "PodProbeMarker controller",
         ),
-        ("node.kubernetes.io/x", "x", "reserves"),
-        ("k8s.io/x", "x", "reserves"),
         (
             "controller.kubernetes.io/pod-deletion-cost",
             "2147483648",
@@ -478,10 +477,16 @@ fn markers_may_not_set_reserved_keys() {
         );
         assert!(errors[0].detail.contains(why), "{key}: {errors:?}");
     }
-    // What the recipes set stays allowed.
+    // What the recipes set stays allowed, and annotations in Kubernetes' domains (OpenKruise's
+    // own vectors set `controller.kubernetes.io/ingress`).
     for (labels, annotations) in [
         (&[("example.com/traffic-online", "true")][..], &[][..]),
         (&[], &[("controller.kubernetes.io/pod-deletion-cost", "-5")]),
+        (&[], &[("controller.kubernetes.io/ingress", "true")]),
+        (
+            &[],
+            &[("cluster-autoscaler.kubernetes.io/safe-to-evict", "true")],
+        ),
         (
             &[("server-healthy", "true")],
             &[("example.com/note", "idle")],
