@@ -130,7 +130,13 @@ build_if_changed() {
     done
     stamp_of "$key" "${binaries[@]}" >"$stamp"
   fi
-  cp "${binaries[@]}" "$out/"
+  # Replaced by rename, never overwritten in place: a test may be running the previous copy
+  # (overwriting a running executable fails with ETXTBSY).
+  local binary
+  for binary in "${binaries[@]}"; do
+    cp "$binary" "$out/.$(basename "$binary").new"
+    mv -f "$out/.$(basename "$binary").new" "$out/$(basename "$binary")"
+  done
 }
 
 mkdir -p "$out"

@@ -29,15 +29,16 @@ const GENERATED_PREFIX: &str = "kube-api-access-";
 /// The generated token's lifetime, kept: the kubelet refreshes it at 80 %.
 const EXPIRATION_SECONDS: i64 = 3607;
 
-/// The token's move to the sidecar: ops to apply before any other (they remove by index),
-/// and the mount to give the sidecar. `None` when the pod asked for the token in every
-/// container.
+/// The token's move to the sidecar: ops to apply before any other (they remove by index), the
+/// mount to give the sidecar and the volume it mounts.
 pub struct TokenPlan {
     pub ops: Vec<PatchOp>,
     pub sidecar_mount: VolumeMount,
     pub volume: Volume,
 }
 
+/// How to move `spec`'s token to the sidecar; `None` when the pod asked for the token in every
+/// container (`automountServiceAccountToken: true`).
 pub fn plan(spec: &PodSpec) -> Option<TokenPlan> {
     if spec.automount_service_account_token == Some(true) {
         return None;
