@@ -18,6 +18,8 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::time::Instant;
 
+use podprobe_protocol::event;
+
 use crate::runner::{ProbeState, Transition};
 
 /// The `reason` of an Event (not of a condition: those are `condition::reason_of`'s).
@@ -38,11 +40,11 @@ pub enum EventReason {
 impl EventReason {
     pub const fn as_str(self) -> &'static str {
         match self {
-            EventReason::ProbeSucceeded => "KruiseProbeSucceeded",
-            EventReason::ProbeFailed => "KruiseProbeFailed",
-            EventReason::ProbeInvalid => "PodProbeInvalid",
-            EventReason::ProbeError => "PodProbeError",
-            EventReason::ConditionOverwritten => "PodProbeConditionOverwritten",
+            EventReason::ProbeSucceeded => event::PROBE_SUCCEEDED,
+            EventReason::ProbeFailed => event::PROBE_FAILED,
+            EventReason::ProbeInvalid => event::PROBE_INVALID,
+            EventReason::ProbeError => event::PROBE_ERROR,
+            EventReason::ConditionOverwritten => event::CONDITION_OVERWRITTEN,
         }
     }
 }

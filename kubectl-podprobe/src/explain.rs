@@ -7,7 +7,7 @@ use crate::facts::{PodFacts, event_time};
 use crate::inspect::{self, AnnotationState, Expected, NodeKind, Settings, Sidecar};
 
 /// The sidecar's Event reasons (see the sidecar's `EventReason`).
-const OVERWRITTEN: &str = "PodProbeConditionOverwritten";
+const OVERWRITTEN: &str = podprobe_protocol::event::CONDITION_OVERWRITTEN;
 
 /// One link of the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 //!   parsing and per-probe checks into [`handler`]s;
 //! - [`check`]: the one check of a probe's handler, read as Kruise's webhook admits it or as
 //!   kruise-daemon runs it;
+//! - [`event`]: the reasons of the Events the sidecar writes, which the plugin reads back;
 //! - [`handler`]: a checked probe's handler, what one attempt runs;
 //! - [`rules`]: the field rules a probe must pass (ports, header names, URL paths), each
 //!   returning a typed violation whose message is apimachinery's;
@@ -19,6 +20,7 @@
 
 pub mod annotation;
 pub mod check;
+pub mod event;
 pub mod field;
 pub mod handler;
 pub mod names;
