@@ -145,13 +145,15 @@ pub fn proc_files(bytes: &[u8]) {
     let written = format!(
         "Name:\t{name}\nUmask:\t0022\nState:\tS (sleeping)\nPPid:\t{}\n\
          Uid:\t{seed}\t{}\t{seed}\t{seed}\nGid:\t{}\t{}\t1\t1\nGroups:\t{} {}\n\
-         CapEff:\t{:016x}\n",
+         CapInh:\t0000000000000000\nCapPrm:\t{:016x}\nCapEff:\t{:016x}\n\
+         CapBnd:\t000001ffffffffff\nNoNewPrivs:\t1\n",
         seed % 4_000_000,
         seed / 3,
         seed / 5,
         seed / 7,
         seed / 11,
         seed / 13,
+        u64::from(seed) << 9,
         u64::from(seed) << 9,
     );
     let read = ProcStatus::parse(&written);
@@ -165,7 +167,13 @@ pub fn proc_files(bytes: &[u8]) {
         groups: vec![seed / 11, seed / 13],
     };
     assert_eq!(read.ids, Some(ids));
-    assert_eq!(read.cap_eff, Some(u64::from(seed) << 9));
+    let caps = read.caps.expect("all four capability sets");
+    assert_eq!(
+        (caps.permitted, caps.effective),
+        (u64::from(seed) << 9, u64::from(seed) << 9)
+    );
+    assert_eq!((caps.inheritable, caps.bounding), (0, 0x1ff_ffff_ffff));
+    assert!(read.no_new_privs);
 }
 
 /// A redirect's `Location` header, resolved against an httpGet probe's URL as the prober

@@ -51,7 +51,7 @@ use super::enter::{Confine, Enter, Ids};
 use crate::probe::{AttemptError, ExecAction, ExecMode, Observation};
 
 mod status;
-pub use status::{ProcIds, ProcStatus, parse_environ};
+pub use status::{CapSets, ProcIds, ProcStatus, parse_environ};
 
 const CAP_SETGID: u32 = 6;
 const CAP_SETUID: u32 = 7;
@@ -201,9 +201,11 @@ fn own_status() -> Option<ProcStatus> {
     Some(ProcStatus::parse(&status))
 }
 
-/// Effective capabilities of this thread.
-fn effective_caps() -> Option<u64> {
-    own_status()?.cap_eff
+/// This thread's capability sets, read once per attempt for both checks that need them.
+fn own_caps() -> Result<CapSets, String> {
+    own_status()
+        .and_then(|s| s.caps)
+        .ok_or_else(|| "cannot read this process' capabilities".to_owned())
 }
 
 fn read_ids(proc: &Path, pid: i32) -> io::Result<ProcIds> {
@@ -224,13 +226,10 @@ fn status_ids(status: &ProcStatus, pid: i32) -> io::Result<ProcIds> {
 /// bounding-set entries of ours that the target lacks. Without `CAP_SETPCAP` those cannot be
 /// dropped; `no_new_privs` then keeps the command from gaining them through a set-uid or
 /// file-capability binary.
-fn confine(target: &ProcStatus, pid: i32) -> Result<Confine, String> {
+fn confine(target: &ProcStatus, ours: &CapSets, pid: i32) -> Result<Confine, String> {
     let theirs = target
         .caps
         .ok_or_else(|| format!("cannot read the capabilities in /proc/{pid}/status"))?;
-    let ours = own_status()
-        .and_then(|s| s.caps)
-        .ok_or("cannot read this process' capabilities")?;
     let extra = ours.bounding & !theirs.bounding;
     let can_drop = ours.effective & (1 << CAP_SETPCAP) != 0;
     Ok(Confine {
@@ -356,7 +355,7 @@ impl Procfs {
         let located = self.locate(container, container_id)?;
         let ids = read_ids(&self.proc, located.pid)
             .map_err(|e| format!("cannot read /proc/{}/status: {e}", located.pid))?;
-        missing_caps(&ids)?;
+        missing_caps(&ids, &own_caps()?)?;
         Ok(format!("target process {located}, uid {}", ids.uid))
     }
 
@@ -373,11 +372,8 @@ impl Procfs {
     }
 }
 
-fn missing_caps(ids: &ProcIds) -> Result<(), String> {
-    let Some(caps) = effective_caps() else {
-        return Err("cannot read this process' capabilities".into());
-    };
-    let has = |cap: u32| caps & (1 << cap) != 0;
+fn missing_caps(ids: &ProcIds, ours: &CapSets) -> Result<(), String> {
+    let has = |cap: u32| ours.effective & (1 << cap) != 0;
     if !has(CAP_SYS_CHROOT) {
         return Err(
             "podprobe lacks CAP_SYS_CHROOT (add it to the sidecar's securityContext.capabilities)"
@@ -434,8 +430,9 @@ pub async fn attempt_in(
             }
         });
     let (ids, status) = status?;
-    missing_caps(&ids).map_err(unavailable)?;
-    let confine = confine(&status, pid).map_err(unavailable)?;
+    let ours = own_caps().map_err(unavailable)?;
+    missing_caps(&ids, &ours).map_err(unavailable)?;
+    let confine = confine(&status, &ours, pid).map_err(unavailable)?;
     let no_access = |what: &str, e: io::Error| {
         if vanished(&e) {
             return gone(e);

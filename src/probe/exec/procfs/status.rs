@@ -23,10 +23,8 @@ pub struct ProcStatus {
     pub ppid: Option<i32>,
     /// The effective ids: the second field of `Uid:` and `Gid:`, with `Groups:`.
     pub ids: Option<ProcIds>,
-    /// `CapEff:`, hexadecimal.
-    pub cap_eff: Option<u64>,
-    /// The capability sets the command must not exceed: `CapInh`, `CapPrm`, `CapEff`,
-    /// `CapBnd`; `None` unless all four parse.
+    /// The capability sets (`CapInh`, `CapPrm`, `CapEff`, `CapBnd`): what a probe command may
+    /// not exceed, or what this process holds; `None` unless all four parse.
     pub caps: Option<CapSets>,
     /// `NoNewPrivs: 1`.
     pub no_new_privs: bool,
@@ -83,7 +81,6 @@ impl ProcStatus {
             name: field("Name:").unwrap_or_default().to_owned(),
             ppid: field("PPid:").and_then(|v| v.parse().ok()),
             ids,
-            cap_eff: hex("CapEff:"),
             caps,
             no_new_privs: field("NoNewPrivs:") == Some("1"),
         }
