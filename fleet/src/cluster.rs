@@ -299,7 +299,5 @@ fn run(mut command: std::process::Command, what: &str) -> Result<String, FleetEr
 }
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    testkit::port::free_port()
 }

@@ -188,11 +188,7 @@ fn promtool(args: &[&str], dir: &std::path::Path) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_and_dashboard_fit_the_metrics_the_binaries_expose() {
     let cp = installed::start_control_plane().await;
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let metrics_port = testkit::port::free_port().unwrap();
     let set = format!("injection.config.metricsPort={metrics_port}");
     let running = install_and_run_with(cp, Mode::Standalone, &["--set", &set]).await;
 
@@ -216,11 +212,7 @@ async fn alerts_and_dashboard_fit_the_metrics_the_binaries_expose() {
         .pod_token("podprobe-sidecar", &pod)
         .await
         .unwrap();
-    let refused_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let refused_port = testkit::port::free_port().unwrap();
     let refused_addr = format!("127.0.0.1:{refused_port}");
     let _refused = run_injected_sidecar_with(
         &running,

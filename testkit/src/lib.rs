@@ -19,6 +19,7 @@
 
 pub mod faults;
 pub mod journal;
+pub mod port;
 pub mod real;
 pub mod wait;
 pub mod workspace;

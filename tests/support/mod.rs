@@ -176,13 +176,9 @@ pub fn array(entries: &[String]) -> String {
     format!("[{}]", entries.join(","))
 }
 
-/// A free loopback port (bound and released).
+/// A free port for a server the test starts (outside the ephemeral range: see testkit::port).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    testkit::port::free_port().unwrap()
 }
 
 /// GET on the sidecar's metrics endpoint.

@@ -83,10 +83,7 @@ fn a_failed_batch_never_overwrites_what_was_queued_meanwhile() {
 /// Pods of an apiserver that is not there (a port nothing listens on): every patch fails
 /// to connect, as during an outage.
 fn unreachable_pods() -> Api<Pod> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = testkit::port::free_port().expect("a free port");
     let url = format!("http://127.0.0.1:{port}").parse().unwrap();
     let client = kube::Client::try_from(kube::Config::new(url)).expect("client");
     Api::namespaced(client, "games")

@@ -408,7 +408,5 @@ impl ControlPlane {
 }
 
 fn free_port() -> Result<u16, Error> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(crate::port::free_port()?)
 }
