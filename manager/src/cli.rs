@@ -215,6 +215,13 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
             probe_condition_types: &condition_types,
         };
         let injected = inject::inject_ops(&pod, config, &ctx);
+        if let (false, Some(spec)) = (injected.is_empty(), &pod.spec) {
+            notes.push(format!(
+                "sidecar injected in the {} shape ({})",
+                inject::shape::of(spec, config).as_str(),
+                inject::shape::explain(spec, config)
+            ));
+        }
         if injected.is_empty() {
             notes.push(format!(
                 "sidecar not injected: the pod is not opted in (label {}=enabled on the pod or, via --namespace-label, its namespace) or already has container {:?}",
@@ -349,7 +356,12 @@ status:
             spec.readiness_gates.unwrap()[0].condition_type,
             "game.kruise.io/healthy"
         );
-        assert!(out.notes.is_empty(), "{:?}", out.notes);
+        assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+        assert!(
+            out.notes[0].starts_with("sidecar injected in the kubelet shape"),
+            "{:?}",
+            out.notes
+        );
 
         let out = run(&parse(&["render", "-m", m, "-p", p, "--config", c])).unwrap();
         assert!(out.notes[0].contains("not injected"), "{:?}", out.notes);

@@ -26,6 +26,10 @@ pub struct InjectionConfig {
     pub container_name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<String>,
+    /// The sidecar binary, as the container's `command`: given explicitly because some
+    /// providers refuse `args` without a `command` (azure-aci). The image's entrypoint.
+    #[serde(default = "default_command")]
+    pub command: Vec<String>,
     /// Arguments of the sidecar binary.
     #[serde(default = "default_args")]
     pub args: Vec<String>,
@@ -56,6 +60,29 @@ pub struct InjectionConfig {
     /// default, since a listener per pod is a cost every pod pays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_port: Option<u16>,
+    /// Which shape the injected pod takes: the one for kubelet nodes, or the one every
+    /// virtual-kubelet provider accepts (`auto`: the latter for pods that may run on a virtual
+    /// node, see [`crate::inject::shape`]).
+    #[serde(default)]
+    pub pod_shape: PodShapeChoice,
+    /// Taint keys of virtual nodes: a pod tolerating one of them (or every taint) may run on a
+    /// virtual node, so `podShape: auto` gives it the virtual-node shape.
+    #[serde(default = "default_virtual_node_taints")]
+    pub virtual_node_taints: Vec<String>,
+}
+
+/// The `podShape` setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PodShapeChoice {
+    /// The virtual-node shape for pods that tolerate a `virtualNodeTaints` key or select
+    /// `type: virtual-kubelet` nodes; the kubelet shape for the others.
+    #[default]
+    Auto,
+    /// Every pod as for a kubelet node.
+    Kubelet,
+    /// Every pod as for a virtual node (works on kubelet nodes too, with a watch per pod).
+    VirtualNode,
 }
 
 /// When to use a restartable init container instead of an ordinary container.
@@ -93,6 +120,23 @@ pub fn supports_native_sidecars(major: &str, minor: &str) -> bool {
 
 fn default_container_name() -> String {
     "podprobe".into()
+}
+/// The sidecar image's entrypoint.
+pub const DEFAULT_COMMAND: &str = "/usr/local/bin/podprobe";
+
+fn default_command() -> Vec<String> {
+    vec![DEFAULT_COMMAND.into()]
+}
+/// The virtual-kubelet library's default taint (azure-aci, the mock, most providers), interLink's and
+/// Liqo's.
+fn default_virtual_node_taints() -> Vec<String> {
+    [
+        "virtual-kubelet.io/provider",
+        "virtual-node.interlink/no-schedule",
+        "virtual-node.liqo.io/not-allowed",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 fn default_args() -> Vec<String> {
     vec!["run".into()]

@@ -1,7 +1,9 @@
 //! Sidecar injection: the JSON patch ops that add the podprobe sidecar, its downward-API
-//! volume and optional readiness gates to a pod at admission, and give the pod's
-//! service-account token to the sidecar alone ([`token`]).
+//! volume and optional readiness gates to a pod at admission, in the shape the pod's node
+//! needs ([`shape`]), and give the pod's service-account token to the sidecar alone
+//! ([`token`]).
 
+pub mod shape;
 mod token;
 
 use std::collections::BTreeMap;
@@ -14,6 +16,7 @@ use serde_json::Value;
 
 use crate::config::InjectionConfig;
 use crate::patch::PatchOp;
+use shape::Shape;
 
 /// What the webhook knows beyond the pod and the configuration.
 #[derive(Debug, Clone, Default)]
@@ -47,8 +50,8 @@ fn label_value<'a>(labels: Option<&'a BTreeMap<String, String>>, key: &str) -> O
 /// The sidecar's metrics port name, which the chart's PodMonitor scrapes.
 pub const SIDECAR_METRICS_PORT_NAME: &str = "podprobe-metric";
 
-/// The sidecar container, independent of where it goes.
-pub fn sidecar_container(config: &InjectionConfig, native: bool) -> Container {
+/// The sidecar container in `shape`, independent of where it goes.
+pub fn sidecar_container(config: &InjectionConfig, shape: Shape, native: bool) -> Container {
     let field_env = |name: &str, path: &str| EnvVar {
         name: name.into(),
         value: None,
@@ -60,26 +63,39 @@ pub fn sidecar_container(config: &InjectionConfig, native: bool) -> Container {
             ..Default::default()
         }),
     };
+    let value_env = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        value_from: None,
+    };
+    let mut env = vec![
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_UID", "metadata.uid"),
+    ];
+    match shape {
+        Shape::Kubelet => env.push(field_env("POD_IP", "status.podIP")),
+        // No downward-API file: the probes and the pod's IP come from the apiserver.
+        Shape::VirtualNode => env.push(value_env("PODPROBE_SOURCE", "api".into())),
+    }
+    env.extend(
+        config
+            .metrics_port
+            .map(|port| value_env("PODPROBE_METRICS_ADDR", format!("0.0.0.0:{port}"))),
+    );
+    let podinfo_mount = VolumeMount {
+        name: config.podinfo_volume_name.clone(),
+        mount_path: config.podinfo_mount_path.clone(),
+        read_only: Some(true),
+        ..Default::default()
+    };
     Container {
         name: config.container_name.clone(),
         image: Some(config.image.clone()),
         image_pull_policy: config.image_pull_policy.clone(),
+        command: (!config.command.is_empty()).then(|| config.command.clone()),
         args: (!config.args.is_empty()).then(|| config.args.clone()),
-        env: Some(
-            [
-                field_env("POD_NAME", "metadata.name"),
-                field_env("POD_NAMESPACE", "metadata.namespace"),
-                field_env("POD_UID", "metadata.uid"),
-                field_env("POD_IP", "status.podIP"),
-            ]
-            .into_iter()
-            .chain(config.metrics_port.map(|port| EnvVar {
-                name: "PODPROBE_METRICS_ADDR".into(),
-                value: Some(format!("0.0.0.0:{port}")),
-                value_from: None,
-            }))
-            .collect(),
-        ),
+        env: Some(env),
         ports: config.metrics_port.map(|port| {
             vec![ContainerPort {
                 name: Some(SIDECAR_METRICS_PORT_NAME.into()),
@@ -90,12 +106,10 @@ pub fn sidecar_container(config: &InjectionConfig, native: bool) -> Container {
         }),
         resources: Some(config.resources.clone()),
         security_context: Some(config.security_context.clone()),
-        volume_mounts: Some(vec![VolumeMount {
-            name: config.podinfo_volume_name.clone(),
-            mount_path: config.podinfo_mount_path.clone(),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(match shape {
+            Shape::Kubelet => vec![podinfo_mount],
+            Shape::VirtualNode => vec![],
+        }),
         restart_policy: native.then(|| "Always".into()),
         ..Default::default()
     }
@@ -158,8 +172,12 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
     if present {
         return vec![];
     }
-    let native = config.native_sidecar.enabled(ctx.native_sidecars_supported);
-    let mut sidecar = sidecar_container(config, native);
+    let shape = shape::of(spec, config);
+    // Providers run init containers to completion before the others, and azure-aci refuses
+    // them with resources: on a virtual node the sidecar is an ordinary container.
+    let native =
+        shape == Shape::Kubelet && config.native_sidecar.enabled(ctx.native_sidecars_supported);
+    let mut sidecar = sidecar_container(config, shape, native);
     // First: the token's ops remove by index, which appends after them do not disturb.
     let token = token::plan(spec);
     let mut ops = Vec::new();
@@ -194,11 +212,12 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
             value: container,
         });
     }
-    if !spec
-        .volumes
-        .iter()
-        .flatten()
-        .any(|v| v.name == config.podinfo_volume_name)
+    if shape == Shape::Kubelet
+        && !spec
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == config.podinfo_volume_name)
     {
         append(
             &mut ops,
@@ -307,6 +326,10 @@ mod tests {
         let sidecar = &spec.init_containers.unwrap()[0];
         assert_eq!(sidecar.name, "podprobe");
         assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            sidecar.command.as_deref(),
+            Some(&["/usr/local/bin/podprobe".to_owned()][..])
+        );
         let env: Vec<(&str, &str)> = sidecar
             .env
             .iter()
@@ -355,10 +378,63 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_for_a_virtual_node_gets_the_shape_providers_accept() {
+        let ctx = InjectContext {
+            native_sidecars_supported: true,
+            ..Default::default()
+        };
+        let mut p = with_generated_token(pod(ENABLED), None);
+        p.spec.as_mut().unwrap().tolerations = Some(vec![
+            serde_json::from_value(
+                serde_json::json!({"key": "virtual-kubelet.io/provider", "operator": "Exists"}),
+            )
+            .unwrap(),
+        ]);
+        let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        // A plain container, even where native sidecars are supported.
+        let inits = spec.init_containers.unwrap();
+        assert!(inits.iter().all(|c| c.name != "podprobe"), "{inits:?}");
+        let sidecar = spec
+            .containers
+            .iter()
+            .find(|c| c.name == "podprobe")
+            .unwrap();
+        assert_eq!(
+            sidecar.command.as_deref(),
+            Some(&[crate::config::DEFAULT_COMMAND.to_owned()][..])
+        );
+        let env: Vec<(&str, &str)> = sidecar
+            .env
+            .iter()
+            .flatten()
+            .map(|e| {
+                let field = e.value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+                let shown = field.map_or(e.value.as_deref().unwrap_or(""), |f| &f.field_path);
+                (e.name.as_str(), shown)
+            })
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("POD_NAME", "metadata.name"),
+                ("POD_NAMESPACE", "metadata.namespace"),
+                ("POD_UID", "metadata.uid"),
+                ("PODPROBE_SOURCE", "api"),
+            ]
+        );
+        assert_eq!(
+            mounts(sidecar),
+            [(token::TOKEN_VOLUME, token::TOKEN_MOUNT_PATH)]
+        );
+        let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
+        assert_eq!(volumes, ["own-token", token::TOKEN_VOLUME]);
+    }
+
+    #[test]
     fn metrics_port_opts_the_sidecar_into_serving_metrics() {
         let c =
             InjectionConfig::from_yaml("image: podprobe:dev\nmetricsPort: 9102\n", "t").unwrap();
-        let sidecar = sidecar_container(&c, false);
+        let sidecar = sidecar_container(&c, Shape::Kubelet, false);
         let addr = sidecar
             .env
             .iter()
