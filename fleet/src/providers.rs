@@ -103,6 +103,7 @@ fn provider_name(provider: Provider) -> &'static str {
     match provider {
         Provider::Mock => "mock",
         Provider::Replacer => "replacer",
+        Provider::AciRules => "aci-rules",
     }
 }
 

@@ -7,7 +7,10 @@
 // Built from the virtual-kubelet library pinned in go.mod, for podprobe's measurements of
 // what such a provider does to its conditions (issue 24). It is not a provider anyone runs.
 //
-//	KUBECONFIG=... vk-replacer --nodename NAME [--pod-ip IP]
+// With --aci-rules it also refuses, in CreatePod, what azure-aci v1.6.4's provider refuses
+// (aci_rules.go); the library then marks the pod ProviderFailed with the provider's message.
+//
+//	KUBECONFIG=... vk-replacer --nodename NAME [--pod-ip IP] [--aci-rules]
 package main
 
 import (
@@ -22,7 +25,10 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/sirupsen/logrus"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"github.com/virtual-kubelet/virtual-kubelet/log"
+	logruslogger "github.com/virtual-kubelet/virtual-kubelet/log/logrus"
 	"github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api/statsv1alpha1"
@@ -35,21 +41,25 @@ import (
 func main() {
 	nodeName := flag.String("nodename", "vk-replacer", "the node's name")
 	podIP := flag.String("pod-ip", "10.0.0.1", "the address every pod's status reports")
+	aci := flag.Bool("aci-rules", false, "refuse the pods azure-aci v1.6.4 refuses")
 	flag.Parse()
-	if err := run(*nodeName, *podIP); err != nil {
+	if err := run(*nodeName, *podIP, *aci); err != nil {
 		fmt.Fprintln(os.Stderr, "vk-replacer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(nodeName, podIP string) error {
+func run(nodeName, podIP string, aci bool) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
+	// The library's own log (sync errors, refused pods) to stderr, as the agents built on it
+	// keep it; the library logs nothing by default.
+	log.L = logruslogger.FromLogrus(logrus.NewEntry(logrus.StandardLogger()))
 	client, err := nodeutil.ClientsetFromEnv(os.Getenv("KUBECONFIG"))
 	if err != nil {
 		return err
 	}
-	p := &replacer{podIP: podIP, pods: map[string]*corev1.Pod{}}
+	p := &replacer{podIP: podIP, aci: aci, pods: map[string]*corev1.Pod{}}
 	newProvider := func(cfg nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		capacity := corev1.ResourceList{
 			corev1.ResourceCPU:    resource.MustParse("16"),
@@ -83,6 +93,7 @@ func run(nodeName, podIP string) error {
 // replacer keeps the pods it was given; their status is made up on each GetPodStatus.
 type replacer struct {
 	podIP string
+	aci   bool
 	mu    sync.Mutex
 	pods  map[string]*corev1.Pod
 }
@@ -90,6 +101,11 @@ type replacer struct {
 func key(namespace, name string) string { return namespace + "/" + name }
 
 func (r *replacer) CreatePod(_ context.Context, pod *corev1.Pod) error {
+	if r.aci {
+		if err := aciRules(pod); err != nil {
+			return err
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	stored := pod.DeepCopy()

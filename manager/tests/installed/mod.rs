@@ -94,11 +94,7 @@ pub async fn prepare_test_namespace(cp: &ControlPlane) {
 pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&str]) -> Running {
     prepare_test_namespace(&cp).await;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = testkit::port::free_port().unwrap();
     let mut sets = cluster::cert_values(&cp, &["127.0.0.1"]);
     sets.extend([
         format!("mode={}", mode_value(mode)),
@@ -189,14 +185,55 @@ pub fn kubelet_status(app_container: &str) -> Value {
     }})
 }
 
-/// The injected container run as the kubelet would run it: its args, its environment (the
-/// literal values and the downward-API fields it declares), a token of the pod's ServiceAccount bound to the pod. Exec probes
-/// run in the sidecar's own process (mode `local`): no kubelet runs the pod's other containers
-/// here, so `pods/exec`, which the chart's Role allows and `auto` would take, has nothing to
-/// reach; the tests' commands are local scripts.
+/// The injected container run as the kubelet would run it: its command (the image's
+/// entrypoint: this build's binary), its args, its environment (the literal values and the
+/// downward-API fields it declares, resolved from the pod; `status.podIP` is 127.0.0.1, where
+/// [`kubelet_status`] and the tests' virtual nodes put their pods), a token of the pod's
+/// ServiceAccount bound to the pod. Exec probes run in the sidecar's own process (mode
+/// `local`): no kubelet runs the pod's other containers here, so `pods/exec`, which the chart's
+/// Role allows and `auto` would take, has nothing to reach; the tests' commands are local
+/// scripts.
 pub async fn run_injected_sidecar(running: &Running, pod: &Pod, service_account: &str) -> Sidecar {
     let token = running.cp.pod_token(service_account, pod).await.unwrap();
     run_injected_sidecar_with(running, pod, &token, &[])
+}
+
+/// The injected sidecar container of `pod`: a native sidecar or an ordinary container.
+pub fn injected_container(pod: &Pod) -> &k8s_openapi::api::core::v1::Container {
+    let spec = pod.spec.as_ref().unwrap();
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .find(|c| c.name == "podprobe")
+        .expect("an injected podprobe container")
+}
+
+/// The container's environment as a node resolves it from `pod`.
+fn resolved_env(
+    pod: &Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+) -> Vec<(String, String)> {
+    let meta = &pod.metadata;
+    container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| {
+            let field = e.value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+            let value = match field.map(|f| f.field_path.as_str()) {
+                None => e.value.clone().unwrap_or_default(),
+                Some("metadata.name") => meta.name.clone().unwrap(),
+                Some("metadata.namespace") => meta.namespace.clone().unwrap(),
+                Some("metadata.uid") => meta.uid.clone().unwrap(),
+                Some("status.podIP") => "127.0.0.1".to_owned(),
+                Some(other) => {
+                    panic!("the injected env reads {other}, which the tests do not resolve")
+                }
+            };
+            (e.name.clone(), value)
+        })
+        .collect()
 }
 
 /// [`run_injected_sidecar`] with a given `token` (e.g. one bound to another pod, which the
@@ -207,8 +244,12 @@ pub fn run_injected_sidecar_with(
     token: &str,
     env: &[(&str, &str)],
 ) -> Sidecar {
-    let spec = pod.spec.as_ref().unwrap();
-    let container = &spec.init_containers.as_ref().unwrap()[0];
+    let container = injected_container(pod);
+    assert_eq!(
+        container.command.as_deref(),
+        Some(&[podprobe_manager::config::DEFAULT_COMMAND.to_owned()][..]),
+        "the image's entrypoint"
+    );
     let name = pod.metadata.name.as_deref().unwrap();
     let kubeconfig = running.dir.path().join(format!("{name}.kubeconfig"));
     running
@@ -216,21 +257,10 @@ pub fn run_injected_sidecar_with(
         .write_kubeconfig_for_token(&kubeconfig, token)
         .unwrap();
     let log = running.dir.path().join(format!("{name}.sidecar.log"));
-    let meta = &pod.metadata;
-    // The container's literal environment (e.g. PODPROBE_METRICS_ADDR from `metricsPort`); the
-    // downward-API fields are set below from the pod itself.
-    let literal = container
-        .env
-        .iter()
-        .flatten()
-        .filter_map(|e| Some((e.name.clone(), e.value.clone()?)));
     let child = Command::new(sidecar_binary())
         .args(container.args.iter().flatten())
-        .envs(literal)
-        .env("POD_NAME", meta.name.as_deref().unwrap())
-        .env("POD_NAMESPACE", meta.namespace.as_deref().unwrap())
-        .env("POD_UID", meta.uid.as_deref().unwrap())
-        .env("POD_IP", "127.0.0.1")
+        .env_remove("POD_IP")
+        .envs(resolved_env(pod, container))
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "podprobe=debug,info")
         .env("PODPROBE_EXEC_MODE", "local")

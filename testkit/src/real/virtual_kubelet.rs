@@ -12,6 +12,9 @@
 //! [`Provider::Replacer`] is `vk-replacer` (`hack/k8s-oldest/replacer`): the smallest
 //! provider built on the library that does not notify, so the library copies its status
 //! (Ready, Initialized, PodScheduled only, as azure-aci's) over the pods every 5 s.
+//! [`Provider::AciRules`] is the same provider refusing, in `CreatePod`, the pods azure-aci
+//! v1.6.4 refuses (`replacer/aci_rules.go`, each rule citing the provider's file and line), with
+//! its pods' address on this host's loopback, where a test's servers and sidecars run.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -35,6 +38,8 @@ pub enum Provider {
     Mock,
     /// `vk-replacer`: answers GetPodStatus only; the library's 5 s copy.
     Replacer,
+    /// `vk-replacer --aci-rules --pod-ip 127.0.0.1`: azure-aci's pod rules, then as `Replacer`.
+    AciRules,
 }
 
 /// A running virtual-kubelet node agent; stopped when dropped.
@@ -80,13 +85,19 @@ impl VirtualKubelet {
         let log = dir.join("virtual-kubelet.log");
         let daemon = match provider {
             Provider::Mock => Self::spawn_mock(cp, node, &dir, &kubeconfig, &log)?,
-            Provider::Replacer => Daemon::spawn_with_env(
-                "vk-replacer",
-                &tools::tool("vk-replacer")?,
-                &[format!("--nodename={node}")],
-                &[("KUBECONFIG", kubeconfig.display().to_string())],
-                log.clone(),
-            )?,
+            Provider::Replacer | Provider::AciRules => {
+                let mut args = vec![format!("--nodename={node}")];
+                if provider == Provider::AciRules {
+                    args.extend(["--aci-rules".to_owned(), "--pod-ip=127.0.0.1".to_owned()]);
+                }
+                Daemon::spawn_with_env(
+                    "vk-replacer",
+                    &tools::tool("vk-replacer")?,
+                    &args,
+                    &[("KUBECONFIG", kubeconfig.display().to_string())],
+                    log.clone(),
+                )?
+            }
         };
         let mut vk = VirtualKubelet {
             daemon,
