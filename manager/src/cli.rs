@@ -213,6 +213,8 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
             namespace_labels: Some(&namespace_labels),
             native_sidecars_supported: args.native_sidecars,
             probe_condition_types: &condition_types,
+            // No admission request: the token Secret (virtual-node shape) gets a fixed name.
+            request_uid: "",
         };
         let injected = inject::inject_ops(&pod, config, &ctx);
         if let (false, Some(spec)) = (injected.is_empty(), &pod.spec) {

@@ -6,6 +6,8 @@
 pub mod shape;
 mod token;
 
+pub use token::TOKEN_VOLUME;
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
@@ -16,6 +18,7 @@ use serde_json::Value;
 
 use crate::config::InjectionConfig;
 use crate::patch::PatchOp;
+use crate::sidecar_token;
 use shape::Shape;
 
 /// What the webhook knows beyond the pod and the configuration.
@@ -27,6 +30,8 @@ pub struct InjectContext<'a> {
     pub native_sidecars_supported: bool,
     /// Condition types of the probes written into the pod's `kruise.io/podprobe`.
     pub probe_condition_types: &'a [String],
+    /// The admission request's uid: names the Secret of a virtual-node pod's token.
+    pub request_uid: &'a str,
 }
 
 /// Whether the pod opted in: pod label `enabled`, or namespace label `enabled` without a pod
@@ -179,7 +184,14 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         shape == Shape::Kubelet && config.native_sidecar.enabled(ctx.native_sidecars_supported);
     let mut sidecar = sidecar_container(config, shape, native);
     // First: the token's ops remove by index, which appends after them do not disturb.
-    let token = token::plan(spec);
+    // A pod bound at creation cannot be held by a scheduling gate (the apiserver refuses
+    // gates beside spec.nodeName), and a write to it while its provider starts it can cost it
+    // its first status (virtual-kubelet ≥ v1.13 then gets a conflict): it keeps the projected
+    // token.
+    let held = shape == Shape::VirtualNode && spec.node_name.is_none();
+    let issued_secret = held.then(|| sidecar_token::secret_name(ctx.request_uid));
+    let token = token::plan(spec, issued_secret.as_deref());
+    let issued = token.is_some() && issued_secret.is_some();
     let mut ops = Vec::new();
     let mut volumes_exist = spec.volumes.is_some();
     if let Some(token) = token {
@@ -249,6 +261,9 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
             path: "/spec/shareProcessNamespace".into(),
             value: Value::Bool(true),
         });
+    }
+    if issued {
+        ops.extend(sidecar_token::await_issue_ops(pod));
     }
     ops
 }

@@ -12,6 +12,7 @@
 //! - [`cache`]: PodProbeMarker/namespace/node caches;
 //! - [`pods`]: markers and annotation propagation, one patch per pod change;
 //! - [`status`]: PodProbeMarker status;
+//! - [`sidecar_token`]: the token of a sidecar on a virtual node, bound to its pod;
 //! - [`leader`]: Lease-based leader election;
 //! - [`metrics`]: Prometheus metrics, health and readiness.
 
@@ -25,6 +26,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod pods;
 pub mod run;
+pub mod sidecar_token;
 pub mod status;
 pub mod tls;
 pub mod webhook;

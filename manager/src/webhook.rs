@@ -196,6 +196,7 @@ impl Webhooks {
                 namespace_labels: labels.as_ref(),
                 native_sidecars_supported: self.native_sidecars_supported,
                 probe_condition_types: &conditions,
+                request_uid: &req.uid,
             };
             ops.extend(inject_ops(&pod, config, &ctx));
         }

@@ -3,14 +3,15 @@
 //! helm with the manager's RBAC and applied by kubectl: type-checked by the real controller
 //! without a warning, then each write a compromised manager could try, with the manager's own
 //! token. The ClusterRole allows every one of them (`patch pods`), so the policy decides; the
-//! admin's identical writes are the control.
+//! admin's identical writes are the control. The same for the Secrets it may create (the
+//! sidecar token of a virtual-node pod), where its Role allows any.
 
 mod cluster;
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -18,7 +19,11 @@ use testkit::real::ControlPlane;
 
 const NS: &str = "games";
 const POLICY: &str = "podprobe-manager-pods";
+const SECRETS_POLICY: &str = "podprobe-manager-secrets";
 const ONLY_METADATA: &str = "may change only a pod's labels and annotations";
+const ONLY_TOKENS: &str = "may create only its podprobe-token-* Secrets";
+/// The gates of the tests' pods: another controller's, and the one the manager lifts.
+const GATES: [&str; 2] = ["example.com/other", "podprobe.io/sidecar-token"];
 const LABEL: &str = "may not change a pod label";
 
 async fn pod(cp: &ControlPlane, name: &str) -> Pod {
@@ -26,7 +31,8 @@ async fn pod(cp: &ControlPlane, name: &str) -> Pod {
         "metadata": {"name": name, "namespace": NS,
             "labels": {"app": "game", "pod-template-hash": "7d9f"},
             "annotations": {"controller.kubernetes.io/pod-deletion-cost": "0"}},
-        "spec": {"containers": [{"name": "game", "image": "game:1"}]}
+        "spec": {"containers": [{"name": "game", "image": "game:1"}],
+                 "schedulingGates": GATES.map(|g| json!({"name": g}))}
     }))
     .unwrap();
     Api::namespaced(cp.client(), NS)
@@ -49,8 +55,10 @@ fn denied_by((code, message): &(u16, String), why: &str) -> bool {
     *code == 403 && message.contains(POLICY) && message.contains(why)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_managers_pod_writes_change_only_labels_and_annotations() {
+/// A control plane with the manager's policies, RBAC (its sidecar-token Role in [`NS`]) and
+/// ServiceAccount applied, both policies type-checked without a warning; and the manager's
+/// client.
+async fn installed() -> (ControlPlane, Client) {
     let mut cp = ControlPlane::start()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -59,39 +67,48 @@ async fn the_managers_pod_writes_change_only_labels_and_annotations() {
     for namespace in [NS, cluster::RELEASE_NS] {
         cp.create_namespace(namespace).await.unwrap();
     }
-    let sets = cluster::cert_values(&cp, &["localhost"]);
+    let mut sets = cluster::cert_values(&cp, &["localhost"]);
+    sets.push(format!("sidecar.namespaces={{{NS}}}"));
     let templates = [
         "templates/admission-policy-manager.yaml",
         "templates/rbac.yaml",
+        "templates/sidecar-rbac.yaml",
         "templates/serviceaccount.yaml",
     ];
     cluster::kubectl_apply(&cp, &cluster::render(&cp, &sets, &templates));
 
-    // The policy matches pods (not a subresource), so the apiserver type-checks it.
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(cp.client());
-    let checked = kube::runtime::wait::await_condition(policies, POLICY, |p: Option<&_>| {
-        p.is_some_and(|p: &ValidatingAdmissionPolicy| {
-            p.status.as_ref().is_some_and(|s| s.type_checking.is_some())
-        })
-    });
-    let policy = tokio::time::timeout(Duration::from_secs(60), checked)
-        .await
-        .expect("type-checked in time")
-        .unwrap()
-        .unwrap();
-    let warnings = policy
-        .status
-        .unwrap()
-        .type_checking
-        .unwrap()
-        .expression_warnings;
-    assert_eq!(warnings, None, "the apiserver's type check");
-
+    // The policies match pods and secrets (not subresources), so the apiserver type-checks them.
+    for name in [POLICY, SECRETS_POLICY] {
+        let policies: Api<ValidatingAdmissionPolicy> = Api::all(cp.client());
+        let checked = kube::runtime::wait::await_condition(policies, name, |p: Option<&_>| {
+            p.is_some_and(|p: &ValidatingAdmissionPolicy| {
+                p.status.as_ref().is_some_and(|s| s.type_checking.is_some())
+            })
+        });
+        let policy = tokio::time::timeout(Duration::from_secs(60), checked)
+            .await
+            .expect("type-checked in time")
+            .unwrap()
+            .unwrap();
+        let warnings = policy
+            .status
+            .unwrap()
+            .type_checking
+            .unwrap()
+            .expression_warnings;
+        assert_eq!(warnings, None, "the apiserver's type check of {name}");
+    }
     let manager = cp.client_for_token(
         &cp.service_account_token(cluster::RELEASE_NS, "podprobe-manager")
             .await
             .unwrap(),
     );
+    (cp, manager)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_managers_pod_writes_change_only_labels_and_annotations() {
+    let (cp, manager) = installed().await;
     pod(&cp, "gs-0").await;
     // Enforced asynchronously: until a spec change is refused.
     let spec_change = Patch::Merge(json!({"spec": {"activeDeadlineSeconds": 5}}));
@@ -114,8 +131,21 @@ async fn the_managers_pod_writes_change_only_labels_and_annotations() {
     let toleration: json_patch::Patch = serde_json::from_value(json!([{"op": "add",
         "path": "/spec/tolerations/-", "value": {"key": "example.com/any", "operator": "Exists"}}]))
     .unwrap();
+    let lift = |i: usize| -> Patch<Value> {
+        Patch::Json(
+            serde_json::from_value(json!([
+            {"op": "test", "path": format!("/spec/schedulingGates/{i}/name"), "value": GATES[i]},
+            {"op": "remove", "path": format!("/spec/schedulingGates/{i}")}]))
+            .unwrap(),
+        )
+    };
     #[rustfmt::skip] // a table: one case per entry
-    let cases: [(&str, Patch<Value>, Option<&str>); 10] = [
+    let cases: [(&str, Patch<Value>, Option<&str>); 13] = [
+        ("its own scheduling gate lifted", lift(1), None),
+        ("another controller's scheduling gate lifted", lift(0), Some(ONLY_METADATA)),
+        ("a node selector on a gated pod (the apiserver allows it)",
+            merge(json!({"spec": {"nodeSelector": {"type": "virtual-kubelet"}}})),
+            Some(ONLY_METADATA)),
         ("a marker label, the deletion cost and the probes annotation",
             merge(json!({"metadata": {"labels": {"server-healthy": "true"}, "annotations": {
                 "controller.kubernetes.io/pod-deletion-cost": "-5", "kruise.io/podprobe": "[]"}}})),
@@ -152,6 +182,74 @@ async fn the_managers_pod_writes_change_only_labels_and_annotations() {
         let right = match expect {
             None => answer.0 == 200,
             Some(why) => denied_by(&answer, why) && control.0 == 200,
+        };
+        if !right {
+            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_creates_only_sidecar_token_secrets() {
+    let (cp, manager) = installed().await;
+    let owner = pod(&cp, "gs-0").await;
+    let owned_by = json!([{"apiVersion": "v1", "kind": "Pod", "name": "gs-0",
+        "uid": owner.metadata.uid.unwrap()}]);
+    let token = |name: &str| {
+        json!({"metadata": {"name": name, "ownerReferences": owned_by},
+               "type": "Opaque", "data": {"token": "dA==", "namespace": "Z2FtZXM="}})
+    };
+    let mut account_token = token("podprobe-token-sa");
+    account_token["type"] = json!("kubernetes.io/service-account-token");
+    account_token["metadata"]["annotations"] =
+        json!({"kubernetes.io/service-account.name": "default"});
+    account_token["data"] = json!({});
+    let mut unowned = token("podprobe-token-unowned");
+    unowned["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("ownerReferences");
+    let mut more = token("podprobe-token-more");
+    more["data"]["ca.crt"] = json!("eA==");
+    #[rustfmt::skip] // a table: one case per entry
+    let cases: [(&str, Value, Option<&str>); 5] = [
+        ("a sidecar token", token("podprobe-token-1"), None),
+        ("another name", token("registry-credentials"), Some(ONLY_TOKENS)),
+        ("a service-account token Secret", account_token, Some(ONLY_TOKENS)),
+        ("no owner", unowned, Some(ONLY_TOKENS)),
+        ("a key beyond token and namespace", more, Some(ONLY_TOKENS)),
+    ];
+    let secrets = Api::<Secret>::namespaced(manager.clone(), NS);
+    let create = |secret: &Value| {
+        let secret: Secret = serde_json::from_value(secret.clone()).unwrap();
+        let secrets = secrets.clone();
+        async move {
+            match secrets.create(&PostParams::default(), &secret).await {
+                Ok(_) => (200, String::new()),
+                Err(kube::Error::Api(s)) => (s.code, s.message),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    // Enforced asynchronously: until a Secret of another name is refused.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while create(&token("enforced-yet")).await.0 == 200 {
+        assert!(Instant::now() < deadline, "the policy never took effect");
+        Api::<Secret>::namespaced(cp.client(), NS)
+            .delete("enforced-yet", &Default::default())
+            .await
+            .unwrap();
+    }
+    let mut failures = Vec::new();
+    for (what, secret, expect) in &cases {
+        let answer = create(secret).await;
+        println!("{what:<40} manager {answer:?}");
+        let right = match expect {
+            None => answer.0 == 200,
+            Some(why) => {
+                answer.0 == 403 && answer.1.contains(SECRETS_POLICY) && answer.1.contains(why)
+            }
         };
         if !right {
             failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));

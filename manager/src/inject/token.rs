@@ -7,14 +7,19 @@
 //! unless the pod asks for the token everywhere (`automountServiceAccountToken: true`),
 //! injection turns the automount off, takes the generated volume and its mounts out, and mounts
 //! a projected volume of the same shape into the sidecar only: token, `ca.crt`, `namespace`,
-//! where in-cluster clients look for them. Providers that project tokens themselves (azure-aci
-//! resolves `serviceAccountToken` from the account's token Secret) read it as they read the
-//! generated one.
+//! where in-cluster clients look for them.
+//!
+//! On a virtual node the token cannot be projected: azure-aci resolves `serviceAccountToken`
+//! from the account's legacy token Secret (a token bound to no pod, which the chart's admission
+//! policy refuses, and absent since Kubernetes 1.24) and skips `downwardAPI` sources. So the
+//! virtual-node shape mounts a Secret instead, which podprobe-manager fills with a token bound
+//! to the pod once it exists ([`crate::sidecar_token`]), while a scheduling gate holds the pod
+//! off every node until then.
 
 use k8s_openapi::api::core::v1::{
     ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath,
-    ObjectFieldSelector, PodSpec, ProjectedVolumeSource, ServiceAccountTokenProjection, Volume,
-    VolumeMount, VolumeProjection,
+    ObjectFieldSelector, PodSpec, ProjectedVolumeSource, SecretProjection,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use serde_json::Value;
 
@@ -38,8 +43,9 @@ pub struct TokenPlan {
 }
 
 /// How to move `spec`'s token to the sidecar; `None` when the pod asked for the token in every
-/// container (`automountServiceAccountToken: true`).
-pub fn plan(spec: &PodSpec) -> Option<TokenPlan> {
+/// container (`automountServiceAccountToken: true`). With `issued_secret`, the token comes
+/// from that Secret (the virtual-node shape) instead of a projection.
+pub fn plan(spec: &PodSpec, issued_secret: Option<&str>) -> Option<TokenPlan> {
     if spec.automount_service_account_token == Some(true) {
         return None;
     }
@@ -95,52 +101,84 @@ pub fn plan(spec: &PodSpec) -> Option<TokenPlan> {
             read_only: Some(true),
             ..Default::default()
         },
-        volume: token_volume(),
+        volume: match issued_secret {
+            None => projected_token_volume(),
+            Some(secret) => issued_token_volume(secret),
+        },
     })
 }
 
-/// The same sources as kube-apiserver's generated volume.
-fn token_volume() -> Volume {
+fn key_to_path(key: &str) -> KeyToPath {
+    KeyToPath {
+        key: key.into(),
+        path: key.into(),
+        mode: None,
+    }
+}
+
+/// The cluster's CA, as kube-apiserver's generated volume has it.
+fn ca_projection() -> VolumeProjection {
+    VolumeProjection {
+        config_map: Some(ConfigMapProjection {
+            name: "kube-root-ca.crt".into(),
+            items: Some(vec![key_to_path("ca.crt")]),
+            optional: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn projected(sources: Vec<VolumeProjection>) -> Volume {
     Volume {
         name: TOKEN_VOLUME.into(),
         projected: Some(ProjectedVolumeSource {
             default_mode: Some(0o644),
-            sources: Some(vec![
-                VolumeProjection {
-                    service_account_token: Some(ServiceAccountTokenProjection {
-                        path: "token".into(),
-                        expiration_seconds: Some(EXPIRATION_SECONDS),
-                        audience: None,
-                    }),
-                    ..Default::default()
-                },
-                VolumeProjection {
-                    config_map: Some(ConfigMapProjection {
-                        name: "kube-root-ca.crt".into(),
-                        items: Some(vec![KeyToPath {
-                            key: "ca.crt".into(),
-                            path: "ca.crt".into(),
-                            mode: None,
-                        }]),
-                        optional: None,
-                    }),
-                    ..Default::default()
-                },
-                VolumeProjection {
-                    downward_api: Some(DownwardAPIProjection {
-                        items: Some(vec![DownwardAPIVolumeFile {
-                            path: "namespace".into(),
-                            field_ref: Some(ObjectFieldSelector {
-                                api_version: Some("v1".into()),
-                                field_path: "metadata.namespace".into(),
-                            }),
-                            ..Default::default()
-                        }]),
-                    }),
-                    ..Default::default()
-                },
-            ]),
+            sources: Some(sources),
         }),
         ..Default::default()
     }
+}
+
+/// The same sources as kube-apiserver's generated volume.
+fn projected_token_volume() -> Volume {
+    projected(vec![
+        VolumeProjection {
+            service_account_token: Some(ServiceAccountTokenProjection {
+                path: "token".into(),
+                expiration_seconds: Some(EXPIRATION_SECONDS),
+                audience: None,
+            }),
+            ..Default::default()
+        },
+        ca_projection(),
+        VolumeProjection {
+            downward_api: Some(DownwardAPIProjection {
+                items: Some(vec![DownwardAPIVolumeFile {
+                    path: "namespace".into(),
+                    field_ref: Some(ObjectFieldSelector {
+                        api_version: Some("v1".into()),
+                        field_path: "metadata.namespace".into(),
+                    }),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        },
+    ])
+}
+
+/// Token and namespace from the issued Secret, the CA from the cluster's ConfigMap: sources
+/// azure-aci copies (each with its `items` listed), nothing it skips.
+fn issued_token_volume(secret: &str) -> Volume {
+    projected(vec![
+        VolumeProjection {
+            secret: Some(SecretProjection {
+                name: secret.into(),
+                items: Some(vec![key_to_path("token"), key_to_path("namespace")]),
+                optional: None,
+            }),
+            ..Default::default()
+        },
+        ca_projection(),
+    ])
 }

@@ -1,8 +1,9 @@
 //! `podprobe-manager run`: the webhooks on every replica, the controllers on the leader.
 //!
 //! [`Manager::start`] wires the pieces in-process (the binary and the tests use it):
-//! caches → TLS identity (reloaded) → HTTPS webhook server → metrics server → leader election →
-//! controllers (standalone mode only) while leading.
+//! caches → TLS identity (reloaded) → HTTPS webhook server → metrics server → the sidecar
+//! token issuer (with injection, every replica) → leader election → controllers (standalone
+//! mode only) while leading.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -155,6 +156,13 @@ impl Manager {
             None => None,
         };
 
+        if options.injection.is_some() {
+            // Every replica, in both modes: pods on virtual nodes wait for it, leader or not.
+            tasks.push(tokio::spawn(crate::sidecar_token::issue::run(
+                client.clone(),
+                shutdown.clone(),
+            )));
+        }
         let controllers = options.mode == Mode::Standalone;
         let (leading, fixed_leadership, elector) = leadership(
             &client,

@@ -1,0 +1,86 @@
+//! The token of a sidecar on a virtual node, issued by the manager.
+//!
+//! Virtual-kubelet providers do not project service-account tokens as a kubelet does (azure-aci
+//! copies the account's legacy token Secret, bound to no pod, which the chart's admission
+//! policy refuses, and which Kubernetes no longer creates). So for a pod in the virtual-node
+//! shape ([`crate::inject::shape`]) that is not bound yet, injection mounts a Secret named
+//! after the admission request, labels the pod [`LABEL`]`=`[`PENDING`] and holds it off every
+//! node with the scheduling gate [`GATE`]. (A pod bound at creation cannot be held: it keeps
+//! the projected token, which providers that project tokens serve.) Once the pod exists (it has a uid),
+//! [`issue`] asks for a token of the pod's service account bound to the pod (a TokenRequest,
+//! as the kubelet does), writes it into that Secret (owned by the pod, so it goes with it),
+//! and lifts the gate. The token carries the pod's name and uid, so the admission policy
+//! confines it to the pod exactly as a projected one; it stops working when the pod is deleted.
+
+pub mod issue;
+
+use serde_json::{Value, json};
+
+use crate::patch::{PatchOp, escape};
+use k8s_openapi::api::core::v1::Pod;
+
+/// The scheduling gate that holds a pod until its sidecar's token is issued.
+pub const GATE: &str = "podprobe.io/sidecar-token";
+/// The label the issuer selects pods by; [`PENDING`] until issued, [`REFUSED`] when the
+/// apiserver refused the token or the Secret (the pod is released without it).
+pub const LABEL: &str = "podprobe.io/sidecar-token";
+pub const PENDING: &str = "pending";
+pub const REFUSED: &str = "refused";
+/// Prefix of the issued Secrets' names.
+pub const SECRET_PREFIX: &str = "podprobe-token-";
+
+/// The Secret for the pod admitted by request `request_uid` (a UUID: unique, and a valid name).
+pub fn secret_name(request_uid: &str) -> String {
+    let id: String = request_uid
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    format!(
+        "{SECRET_PREFIX}{}",
+        if id.is_empty() { "rendered" } else { &id }
+    )
+}
+
+/// Admission ops for a pod not bound yet: the label the issuer finds it by, and the gate that
+/// holds it until then.
+pub fn await_issue_ops(pod: &Pod) -> Vec<PatchOp> {
+    let label = match &pod.metadata.labels {
+        Some(_) => PatchOp::Add {
+            path: format!("/metadata/labels/{}", escape(LABEL)),
+            value: Value::String(PENDING.into()),
+        },
+        None => PatchOp::Add {
+            path: "/metadata/labels".into(),
+            value: json!({ LABEL: PENDING }),
+        },
+    };
+    let gate = json!({ "name": GATE });
+    let gated = match pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()) {
+        Some(_) => PatchOp::Add {
+            path: "/spec/schedulingGates/-".into(),
+            value: gate,
+        },
+        None => PatchOp::Add {
+            path: "/spec/schedulingGates".into(),
+            value: json!([gate]),
+        },
+    };
+    vec![label, gated]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_names_are_valid_and_unique_per_request() {
+        let a = secret_name("0D7B3F7E-5A4C-4C3B-9E8F-1A2B3C4D5E6F");
+        assert_eq!(a, "podprobe-token-0d7b3f7e5a4c4c3b9e8f1a2b3c4d5e6f");
+        assert!(
+            podprobe_protocol::names::dns_subdomain_errors(&a).is_empty(),
+            "{a}"
+        );
+        assert_ne!(a, secret_name("another"));
+    }
+}

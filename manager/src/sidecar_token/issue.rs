@@ -1,0 +1,305 @@
+//! The issuer: for each pod labelled pending, a token bound to it in its Secret, then the
+//! pod released. Every replica runs it (it is idempotent: a second replica finds the Secret
+//! there and the gate gone), so injection and issue work without a leader, in both modes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{GATE, LABEL, PENDING, REFUSED};
+use crate::inject::TOKEN_VOLUME;
+use crate::patch::escape;
+
+/// The lifetime asked for: a year, or less where the apiserver caps it
+/// (`--service-account-max-token-expiration`). The token is bound to the pod, so it stops
+/// working when the pod is deleted; a provider copies the Secret once, at start, so a shorter
+/// one would leave a long-lived pod without credentials.
+pub const EXPIRATION_SECONDS: i64 = 365 * 24 * 3600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IssueError {
+    #[error("pod {pod}: {what}: {source}")]
+    Api {
+        pod: String,
+        what: &'static str,
+        source: kube::Error,
+    },
+}
+
+struct Context {
+    client: Client,
+}
+
+/// Runs the issuer until `shutdown`.
+pub async fn run(client: Client, shutdown: CancellationToken) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let selector = format!("{LABEL}={PENDING}");
+    Controller::new(pods, watcher::Config::default().labels(&selector))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, Arc::new(Context { client }))
+        .for_each(|_| futures::future::ready(()))
+        .await;
+}
+
+/// The Secret injection named in the pod's token volume.
+fn issued_secret(pod: &Pod) -> Option<String> {
+    let volume = pod
+        .spec
+        .as_ref()?
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == TOKEN_VOLUME)?;
+    let sources = volume.projected.as_ref()?.sources.as_ref()?;
+    sources
+        .iter()
+        .find_map(|s| Some(s.secret.as_ref()?.name.clone()))
+}
+
+/// Whether the apiserver refused for good (no retry helps): not allowed, or no such account.
+fn refused(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 403 || s.code == 404 || s.code == 422)
+}
+
+async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueError> {
+    let (Some(ns), Some(name), Some(uid)) = (
+        pod.metadata.namespace.as_deref(),
+        pod.metadata.name.as_deref(),
+        pod.metadata.uid.as_deref(),
+    ) else {
+        return Ok(Action::await_change());
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let id = format!("{ns}/{name}");
+    let api_error = |what| {
+        let pod = id.clone();
+        move |source| IssueError::Api { pod, what, source }
+    };
+    let outcome = match issued_secret(&pod) {
+        None => Err(format!("it has no {TOKEN_VOLUME} volume naming a Secret")),
+        Some(secret) => match write_token(&ctx.client, &pod, ns, name, uid, &secret).await {
+            Ok(()) => Ok(secret),
+            Err(e) if refused(&e) => Err(e.to_string()),
+            Err(e) => return Err(api_error("issuing the sidecar's token")(e)),
+        },
+    };
+    let released = match &outcome {
+        Ok(secret) => {
+            tracing::info!(pod = %id, %secret, "issued the sidecar's token, bound to the pod; releasing it");
+            Value::Null
+        }
+        Err(why) => {
+            tracing::warn!(pod = %id, "cannot issue the sidecar's token ({why}); releasing the pod without it: its sidecar cannot write conditions. Label {LABEL}={REFUSED}");
+            Value::String(REFUSED.into())
+        }
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    match pods
+        .patch(
+            name,
+            &PatchParams::default(),
+            &release_patch(&pod, uid, released),
+        )
+        .await
+    {
+        Ok(_) => Ok(Action::await_change()),
+        // Gone, replaced, or released by another replica meanwhile.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 || s.code == 422 => {
+            Ok(Action::await_change())
+        }
+        Err(e) => Err(api_error("releasing the pod")(e)),
+    }
+}
+
+/// A token of the pod's service account bound to the pod, into the Secret the pod mounts.
+async fn write_token(
+    client: &Client,
+    pod: &Pod,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    secret: &str,
+) -> Result<(), kube::Error> {
+    let account = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.as_deref())
+        .unwrap_or("default");
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+            }),
+            expiration_seconds: Some(EXPIRATION_SECONDS),
+        },
+        ..Default::default()
+    };
+    let issued = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(account, &PostParams::default(), &request)
+        .await?;
+    let token = issued.status.map(|s| s.token).unwrap_or_default();
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret.into()),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".into(),
+                "podprobe-manager".into(),
+            )])),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: name.into(),
+                uid: uid.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            ("token".into(), ByteString(token.into_bytes())),
+            ("namespace".into(), ByteString(ns.as_bytes().to_vec())),
+        ])),
+        ..Default::default()
+    };
+    match Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+    {
+        // Another replica wrote it first.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// The pod released: its gate lifted (if it still has it), the label removed (`Null`) or set
+/// to [`REFUSED`]; guarded by the uid, so a same-named replacement is never touched.
+fn release_patch(pod: &Pod, uid: &str, label: Value) -> Patch<Value> {
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/uid", "value": uid})];
+    let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref());
+    if let Some(i) = gates.and_then(|g| g.iter().position(|g| g.name == GATE)) {
+        let path = format!("/spec/schedulingGates/{i}");
+        ops.push(json!({"op": "test", "path": format!("{path}/name"), "value": GATE}));
+        ops.push(json!({"op": "remove", "path": path}));
+    }
+    let label_path = format!("/metadata/labels/{}", escape(LABEL));
+    ops.push(match label {
+        Value::Null => json!({"op": "remove", "path": label_path}),
+        value => json!({"op": "replace", "path": label_path, "value": value}),
+    });
+    Patch::Json(serde_json::from_value(Value::Array(ops)).expect("a JSON patch"))
+}
+
+fn error_policy(_pod: Arc<Pod>, error: &IssueError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!("{error}; retrying in 5s");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::InjectionConfig;
+    use crate::inject::{InjectContext, inject_ops};
+
+    fn injected_virtual_pod() -> Pod {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "games", "uid": "u-1",
+                         "labels": {"podprobe.io/inject": "enabled"}},
+            "spec": {"serviceAccountName": "podprobe-sidecar",
+                     "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+                     "schedulingGates": [{"name": "other.io/gate"}],
+                     "containers": [{"name": "main", "image": "game"}]}
+        }))
+        .unwrap();
+        let config = InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap();
+        let ctx = InjectContext {
+            request_uid: "9f0c1e2d-aaaa-bbbb-cccc-000000000001",
+            ..Default::default()
+        };
+        let mut doc = serde_json::to_value(&pod).unwrap();
+        crate::patch::apply(&mut doc, &inject_ops(&pod, &config, &ctx)).unwrap();
+        serde_json::from_value(doc).unwrap()
+    }
+
+    #[test]
+    fn injection_names_the_secret_holds_the_pod_and_release_undoes_only_that() {
+        let pod = injected_virtual_pod();
+        assert_eq!(
+            issued_secret(&pod).as_deref(),
+            Some("podprobe-token-9f0c1e2daaaabbbbcccc000000000001")
+        );
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.get(LABEL).map(String::as_str), Some(PENDING));
+        let gates: Vec<_> = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .scheduling_gates
+            .iter()
+            .flatten()
+            .map(|g| g.name.as_str())
+            .collect();
+        assert_eq!(gates, ["other.io/gate", GATE]);
+
+        let Patch::Json(patch) = release_patch(&pod, "u-1", Value::Null) else {
+            unreachable!()
+        };
+        let mut doc = serde_json::to_value(&pod).unwrap();
+        json_patch::patch(&mut doc, &patch).unwrap();
+        let released: Pod = serde_json::from_value(doc).unwrap();
+        let gates: Vec<_> = released
+            .spec
+            .unwrap()
+            .scheduling_gates
+            .into_iter()
+            .flatten()
+            .map(|g| g.name)
+            .collect();
+        assert_eq!(gates, ["other.io/gate"]);
+        assert!(!released.metadata.labels.unwrap().contains_key(LABEL));
+
+        // A same-named replacement (another uid) is left alone.
+        let Patch::Json(patch) = release_patch(&pod, "u-2", Value::String(REFUSED.into())) else {
+            unreachable!()
+        };
+        let mut doc = serde_json::to_value(&pod).unwrap();
+        assert!(json_patch::patch(&mut doc, &patch).is_err());
+    }
+
+    #[test]
+    fn a_pod_bound_at_creation_keeps_the_projected_token() {
+        let config = InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap();
+        let fresh: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "labels": {"podprobe.io/inject": "enabled"}},
+            "spec": {"nodeName": "vk-1",
+                     "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
+                     "containers": [{"name": "main"}]}
+        }))
+        .unwrap();
+        let mut doc = serde_json::to_value(&fresh).unwrap();
+        let ops = inject_ops(&fresh, &config, &InjectContext::default());
+        crate::patch::apply(&mut doc, &ops).unwrap();
+        let injected: Pod = serde_json::from_value(doc).unwrap();
+        assert_eq!(issued_secret(&injected), None);
+        assert!(injected.spec.unwrap().scheduling_gates.is_none());
+        assert!(!injected.metadata.labels.unwrap().contains_key(LABEL));
+    }
+}
