@@ -100,6 +100,10 @@ build k8s "etcd" "-s -w" "$out/etcd" go.etcd.io/etcd/server/v3
 build k8s "helm" "$helm_ldflags" "$out/helm" helm.sh/helm/v3/cmd/helm
 build k8s "promtool" "-s -w" "$out/promtool" -tags remove_all_sd \
   github.com/prometheus/prometheus/cmd/promtool
+# The newest virtual-kubelet library the module proxy serves (v1.14.1, on Kubernetes v0.37.1's
+# libraries: this tree), its own node agent with the mock provider; v1.11.0 is on k8s-oldest.
+build k8s "virtual-kubelet v1.14.1" "-s -w" "$out/virtual-kubelet-v1.14.1" \
+  github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet
 
 # hack/kruise: OpenKruise v1.9.1's tree (its own replace list, Kubernetes libraries v0.32.10).
 # kruise-daemon runs PodProbeMarker probes on ordinary nodes (CRI ExecSync), for the

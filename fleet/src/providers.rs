@@ -102,8 +102,10 @@ fn policy_name(policy: RepairPolicy) -> &'static str {
 fn provider_name(provider: Provider) -> &'static str {
     match provider {
         Provider::Mock => "mock",
+        Provider::MockNewest => "mock-v1.14.1",
         Provider::Replacer => "replacer",
         Provider::AciRules => "aci-rules",
+        Provider::ReadyOnly => "ready-only",
     }
 }
 

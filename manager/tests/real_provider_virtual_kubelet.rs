@@ -9,14 +9,16 @@
 //!
 //! A pod that tolerates the virtual node's taint gets the virtual-node shape (a plain container
 //! with an explicit command, no `status.podIP`, no downward-API volume, probes from the
-//! apiserver): accepted, run, probed, its conditions kept against the 5 s replacement and its
-//! markers right both ways. A pod bound to the node without tolerating its taint gets the
-//! kubelet shape, which the library cannot start ("unsupported fieldPath: status.podIP").
+//! apiserver, its token from a Secret the manager issues while a scheduling gate holds the
+//! pod): issued, scheduled by the real kube-scheduler, accepted, run, probed with the issued
+//! token under the chart's admission policy, its conditions kept against the 5 s replacement
+//! and its markers right both ways. A pod bound to the node without tolerating its taint gets
+//! the kubelet shape, which the library cannot start ("unsupported fieldPath: status.podIP").
 //!
 //! Neither agent runs containers: the injected container is run here, as the provider would
-//! run it (its command, args and environment as the library resolves it), with a token bound
-//! to its pod. azure-aci itself mounts the ServiceAccount's legacy token Secret instead, which
-//! the chart's admission policy refuses (docs/providers.md).
+//! run it: its command, args and environment as the library resolves them, its token read
+//! from the Secret its projected volume names (azure-aci copies a projected Secret's listed
+//! keys).
 
 mod cluster;
 mod installed;
@@ -24,7 +26,7 @@ mod support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Api;
 use kube::api::PostParams;
 use podprobe_manager::webhook::Mode;
@@ -32,27 +34,57 @@ use serde_json::json;
 use testkit::real::virtual_kubelet::{Provider, VirtualKubelet};
 
 use installed::{
-    LISTENING, NS, injected_container, install_and_run, listening_target, run_injected_sidecar,
+    LISTENING, NS, injected_container, install_and_run, run_injected_sidecar_with,
     start_control_plane,
 };
+use podprobe_manager::sidecar_token::{GATE, REFUSED};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-/// A game pod bound to `node`, tolerating the library's taint when `tolerates`.
-fn game_pod(name: &str, node: &str, tolerates: bool) -> Pod {
-    let tolerations = if tolerates {
-        json!([{"key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"}])
-    } else {
-        json!([])
-    };
-    serde_json::from_value(json!({
+/// A game pod with the sidecar's service account: bound to `node` when given (else left to
+/// the scheduler), tolerating the library's taint when `tolerates`.
+fn game_pod(name: &str, node: Option<&str>, tolerates: bool) -> Pod {
+    let mut pod = json!({
         "metadata": {"name": name, "namespace": NS, "labels": {"app": "game"}},
-        "spec": {"nodeName": node, "serviceAccountName": "podprobe-sidecar",
-                 "tolerations": tolerations,
+        "spec": {"serviceAccountName": "podprobe-sidecar",
                  "containers": [{"name": "main", "image": "game:1",
                                  "command": ["/game"], "args": ["--serve"]}]}
-    }))
-    .unwrap()
+    });
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = json!(node);
+    }
+    if tolerates {
+        pod["spec"]["tolerations"] = json!([{"key": "virtual-kubelet.io/provider",
+            "operator": "Exists", "effect": "NoSchedule"}]);
+    }
+    serde_json::from_value(pod).unwrap()
+}
+
+/// The Secret the pod's token volume names.
+fn issued_secret_name(pod: &Pod) -> String {
+    let volume = pod.spec.as_ref().unwrap().volumes.iter().flatten();
+    volume
+        .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
+        .flatten()
+        .find_map(|s| s.secret.as_ref())
+        .expect("a token volume naming a Secret")
+        .name
+        .clone()
+}
+
+/// The token in the Secret the pod's token volume names, once the manager issued it.
+async fn issued_token(running: &installed::Running, pod: &Pod) -> String {
+    let secret = issued_secret_name(pod);
+    let secrets: Api<Secret> = Api::namespaced(running.cp.client(), NS);
+    let secret = secrets.get(&secret).await.expect("the issued Secret");
+    let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Pod", pod.metadata.uid.as_deref().unwrap())
+    );
+    let data = secret.data.unwrap();
+    assert_eq!(data["namespace"].0, NS.as_bytes());
+    String::from_utf8(data["token"].0.clone()).unwrap()
 }
 
 async fn create(running: &installed::Running, pod: &Pod) -> Pod {
@@ -92,13 +124,37 @@ async fn wait_logged(agent: &VirtualKubelet, text: &str) {
     }
 }
 
-/// Waits until the pod shows the probe's condition True and its marker at once (the provider
-/// removes the condition every 5 s, and the sidecar puts it back).
-async fn wait_marked(running: &installed::Running, name: &str) {
+/// A TCP listener for the probe to find, and a PodProbeMarker aimed at it in [`NS`] for pods
+/// labelled `app=game`: condition [`LISTENING`], label `listening` `true` while it succeeds
+/// and `false` once it fails (both policies, so that kruise-manager's serverless path, which
+/// keeps a `Succeeded`-only label, shows both directions too).
+async fn listening_target(running: &installed::Running) -> std::net::TcpListener {
+    let target = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = target.local_addr().unwrap().port();
+    let mut marker = installed::listening_marker(port);
+    marker.spec.probes[0].marker_policy.push(
+        serde_json::from_value(json!({"state": "Failed", "labels": {"listening": "false"}}))
+            .unwrap(),
+    );
+    Api::<podprobe_manager::crd::PodProbeMarker>::namespaced(running.cp.client(), NS)
+        .create(&PostParams::default(), &marker)
+        .await
+        .unwrap();
+    target
+}
+
+/// Waits until the pod shows the probe's condition `status` and its marker at once (the
+/// provider removes the condition every 5 s, and the sidecar puts it back).
+async fn wait_marked(running: &installed::Running, name: &str, status: bool) {
     let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
-    testkit::wait::pod(&pods, name, "condition True and marker", LIMIT, |p| {
-        support::label(p, "listening").as_deref() == Some("true")
-            && support::condition_status(p, LISTENING).as_deref() == Some("True")
+    let (condition, label) = if status {
+        ("True", "true")
+    } else {
+        ("False", "false")
+    };
+    testkit::wait::pod(&pods, name, "condition and marker", LIMIT, |p| {
+        support::label(p, "listening").as_deref() == Some(label)
+            && support::condition_status(p, LISTENING).as_deref() == Some(condition)
     })
     .await;
 }
@@ -143,16 +199,79 @@ fn assert_virtual_node_shape(pod: &Pod) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn azure_aci_rules_accept_the_injected_pod_and_it_is_probed_and_marked() {
-    let running = install_and_run(start_control_plane().await, Mode::Standalone).await;
-    let aci = VirtualKubelet::start_node(&running.cp, "aci-1", Provider::AciRules)
+/// A control plane as a cluster has it (the scheduler; the node lifecycle controller, which
+/// lifts a new node's not-ready taint once it is Ready; the garbage collector, which deletes
+/// an issued Secret with its pod), kruise-manager in companion mode, the chart installed in
+/// `mode` with its manager running, and `provider`'s agent as node `node`.
+async fn cluster(
+    mode: Mode,
+    node: &str,
+    provider: Provider,
+) -> (installed::Running, VirtualKubelet) {
+    let mut cp = start_control_plane().await;
+    cp.start_scheduler()
+        .unwrap_or_else(|e| panic!("kube-scheduler: {e}"));
+    cp.start_controller_manager(&["node-lifecycle-controller", "garbage-collector-controller"])
+        .unwrap_or_else(|e| panic!("kube-controller-manager: {e}"));
+    if mode == Mode::Companion {
+        cp.start_kruise_manager()
+            .await
+            .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    }
+    let running = install_and_run(cp, mode).await;
+    let agent = VirtualKubelet::start_node(&running.cp, node, provider)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
+    (running, agent)
+}
+
+/// Pod `name`, left to the scheduler and tolerating the virtual node's taint: held until its
+/// token is issued, scheduled on `node`, run, probed by its sidecar with that token (aiming
+/// at [`listening_target`]'s `target`), its condition kept against the provider's 5 s status
+/// replacement and its marker right both ways. Returns the pod as it ran.
+async fn held_issued_probed_and_marked(
+    running: &installed::Running,
+    node: &str,
+    name: &str,
+    target: std::net::TcpListener,
+) -> Pod {
+    let pod = create(running, &game_pod(name, None, true)).await;
+    assert_virtual_node_shape(&pod);
+    let gates = pod.spec.as_ref().unwrap().scheduling_gates.iter().flatten();
+    assert_eq!(gates.map(|g| g.name.as_str()).collect::<Vec<_>>(), [GATE]);
+    let pod = wait_running(running, name).await;
+    assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(node));
+    assert!(pod.spec.as_ref().unwrap().scheduling_gates.is_none());
+    assert!(support::label(&pod, GATE).is_none(), "released");
+    let token = issued_token(running, &pod).await;
+    let _sidecar = run_injected_sidecar_with(running, &pod, &token, &[]);
+    wait_marked(running, name, true).await;
+
+    // The provider replaces the whole status every 5 s: after a replacement the condition is
+    // back, and the marker with it.
+    let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
+    let replaced = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().all(|c| c.type_ != LISTENING))
+    };
+    testkit::wait::pod(&pods, name, "the provider's replacement", LIMIT, replaced).await;
+    wait_marked(running, name, true).await;
+
+    // The other way: the probe fails, the condition turns False, the marker follows.
+    drop(target);
+    wait_marked(running, name, false).await;
+    pod
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_aci_rules_accept_the_injected_pod_and_it_is_probed_and_marked() {
+    let (running, aci) = cluster(Mode::Standalone, "aci-1", Provider::AciRules).await;
     let target = listening_target(&running).await;
 
     // The kubelet shape on the virtual node: the library cannot resolve its environment.
-    let kubelet_shaped = create(&running, &game_pod("bound-only", "aci-1", false)).await;
+    let kubelet_shaped = create(&running, &game_pod("bound-only", Some("aci-1"), false)).await;
     assert!(
         injected_container(&kubelet_shaped)
             .env
@@ -163,52 +282,91 @@ async fn azure_aci_rules_accept_the_injected_pod_and_it_is_probed_and_marked() {
     );
     wait_logged(&aci, "unsupported fieldPath: status.podIP").await;
 
-    // The virtual-node shape: accepted by the provider's rules and run.
-    let pod = create(&running, &game_pod("game-0", "aci-1", true)).await;
-    assert_virtual_node_shape(&pod);
-    let pod = wait_running(&running, "game-0").await;
-    let _sidecar = run_injected_sidecar(&running, &pod, "podprobe-sidecar").await;
-    wait_marked(&running, "game-0").await;
+    let pod = held_issued_probed_and_marked(&running, "aci-1", "game-0", target).await;
 
-    // The provider replaces the whole status every 5 s: after two replacements the condition
-    // is still there, and the marker with it.
+    // A pod of another service account: the manager may not issue its tokens; the pod is
+    // released without one, and says so.
+    let mut other = game_pod("other-account", None, true);
+    other.spec.as_mut().unwrap().service_account_name = Some("default".into());
+    create(&running, &other).await;
+    let released = wait_running(&running, "other-account").await;
+    assert_eq!(support::label(&released, GATE).as_deref(), Some(REFUSED));
+
+    // The token goes with its pod: the Secret is the pod's, and collected after it.
+    let secret = issued_secret_name(&pod);
     let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
-    let replaced = |p: &Pod| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().all(|c| c.type_ != LISTENING))
-    };
-    testkit::wait::pod(
-        &pods,
-        "game-0",
-        "the provider's replacement",
-        LIMIT,
-        replaced,
-    )
-    .await;
-    wait_marked(&running, "game-0").await;
-
-    // The other way: the probe fails, the condition turns False, the marker goes.
-    drop(target);
-    let unmarked = testkit::wait::pod(&pods, "game-0", "marker removed", LIMIT, |p| {
-        support::label(p, "listening").is_none()
-            && support::condition_status(p, LISTENING).as_deref() == Some("False")
-    })
-    .await;
-    assert_eq!(phase(&unmarked), Some("Running"));
+    pods.delete("game-0", &Default::default()).await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(running.cp.client(), NS);
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while secrets.get_opt(&secret).await.unwrap().is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Secret {secret} outlived its pod"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     running.manager.shutdown().await;
 }
 
+/// OpenKruise's own kruise-manager (serverless gate on) marks the pod from the conditions the
+/// injected sidecar writes under azure-aci's rules; podprobe-manager in companion mode injects
+/// and issues the token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_mock_provider_runs_the_injected_pod() {
-    let running = install_and_run(start_control_plane().await, Mode::Standalone).await;
-    let _mock = VirtualKubelet::start_node(&running.cp, "mock-1", Provider::Mock)
+async fn kruise_manager_marks_the_injected_pod_under_azure_aci_rules() {
+    let (running, _aci) = cluster(Mode::Companion, "aci-1", Provider::AciRules).await;
+    let target = listening_target(&running).await;
+    held_issued_probed_and_marked(&running, "aci-1", "game-0", target).await;
+    running.manager.shutdown().await;
+}
+
+/// interLink reports a running pod's conditions as `[Ready]` alone: kruise-manager, which waits
+/// for Initialized, would mark nothing (read, `pod_probe_marker_controller.go:452-455`);
+/// podprobe-manager does not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn podprobe_manager_marks_the_injected_pod_under_an_interlink_like_provider() {
+    let (running, _agent) = cluster(Mode::Standalone, "interlink-1", Provider::ReadyOnly).await;
+    let target = listening_target(&running).await;
+    let pod = held_issued_probed_and_marked(&running, "interlink-1", "game-0", target).await;
+    let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
+    let now = pods
+        .get(pod.metadata.name.as_deref().unwrap())
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
+    assert!(
+        support::condition_status(&now, "Initialized").is_none(),
+        "the provider reports no Initialized"
+    );
+    running.manager.shutdown().await;
+}
+
+/// The library's own mock provider, v1.11.0 and v1.14.1 (the newest the module proxy serves):
+/// the same refusal of the kubelet shape, the virtual-node shape run. (The mock reports every
+/// pod at 5.6.7.8, so nothing is probed here: the azure-aci test above probes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mock_provider_of_both_library_versions_runs_the_injected_pod() {
+    let running = install_and_run(start_control_plane().await, Mode::Standalone).await;
     let _target = listening_target(&running).await;
-    let pod = create(&running, &game_pod("game-0", "mock-1", true)).await;
-    assert_virtual_node_shape(&pod);
-    wait_running(&running, "game-0").await;
+    for (node, provider) in [("mock-1", Provider::Mock), ("mock-2", Provider::MockNewest)] {
+        let agent = VirtualKubelet::start_node(&running.cp, node, provider)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        create(
+            &running,
+            &game_pod(&format!("{node}-bound"), Some(node), false),
+        )
+        .await;
+        wait_logged(&agent, "unsupported fieldPath: status.podIP").await;
+        let name = format!("{node}-game");
+        let pod = create(&running, &game_pod(&name, Some(node), true)).await;
+        assert_virtual_node_shape(&pod);
+        let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
+        let ran =
+            testkit::wait::watch_pod(&pods, &name, LIMIT, |p| phase(p) == Some("Running")).await;
+        assert!(
+            ran.is_some(),
+            "{name} never ran; the agent's log ends:\n{}",
+            agent.log_tail(60)
+        );
+    }
     running.manager.shutdown().await;
 }

@@ -10,7 +10,10 @@
 // With --aci-rules it also refuses, in CreatePod, what azure-aci v1.6.4's provider refuses
 // (aci_rules.go); the library then marks the pod ProviderFailed with the provider's message.
 //
-//	KUBECONFIG=... vk-replacer --nodename NAME [--pod-ip IP] [--aci-rules]
+// With --ready-only its pods' conditions are [Ready] alone, as interLink 0.6.2 sets them once a
+// pod runs (interlink-hq/interLink execute.go:1620, checkPodsStatus): no Initialized.
+//
+//	KUBECONFIG=... vk-replacer --nodename NAME [--pod-ip IP] [--aci-rules] [--ready-only]
 package main
 
 import (
@@ -42,14 +45,15 @@ func main() {
 	nodeName := flag.String("nodename", "vk-replacer", "the node's name")
 	podIP := flag.String("pod-ip", "10.0.0.1", "the address every pod's status reports")
 	aci := flag.Bool("aci-rules", false, "refuse the pods azure-aci v1.6.4 refuses")
+	readyOnly := flag.Bool("ready-only", false, "report the condition Ready alone, as interLink does")
 	flag.Parse()
-	if err := run(*nodeName, *podIP, *aci); err != nil {
+	if err := run(*nodeName, *podIP, *aci, *readyOnly); err != nil {
 		fmt.Fprintln(os.Stderr, "vk-replacer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(nodeName, podIP string, aci bool) error {
+func run(nodeName, podIP string, aci, readyOnly bool) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
 	// The library's own log (sync errors, refused pods) to stderr, as the agents built on it
@@ -59,7 +63,7 @@ func run(nodeName, podIP string, aci bool) error {
 	if err != nil {
 		return err
 	}
-	p := &replacer{podIP: podIP, aci: aci, pods: map[string]*corev1.Pod{}}
+	p := &replacer{podIP: podIP, aci: aci, readyOnly: readyOnly, pods: map[string]*corev1.Pod{}}
 	newProvider := func(cfg nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		capacity := corev1.ResourceList{
 			corev1.ResourceCPU:    resource.MustParse("16"),
@@ -92,10 +96,11 @@ func run(nodeName, podIP string, aci bool) error {
 
 // replacer keeps the pods it was given; their status is made up on each GetPodStatus.
 type replacer struct {
-	podIP string
-	aci   bool
-	mu    sync.Mutex
-	pods  map[string]*corev1.Pod
+	podIP     string
+	aci       bool
+	readyOnly bool
+	mu        sync.Mutex
+	pods      map[string]*corev1.Pod
 }
 
 func key(namespace, name string) string { return namespace + "/" + name }
@@ -164,6 +169,9 @@ func (r *replacer) GetPodStatus(_ context.Context, namespace, name string) (*cor
 			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: started},
 			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: started},
 		},
+	}
+	if r.readyOnly {
+		status.Conditions = status.Conditions[:1]
 	}
 	for _, c := range pod.Spec.Containers {
 		status.ContainerStatuses = append(status.ContainerStatuses, corev1.ContainerStatus{

@@ -34,12 +34,18 @@ pub const VIRTUAL_KUBELET_USER: &str = "virtual-kubelet";
 /// Which provider the library runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Provider {
-    /// `virtual-kubelet --provider mock`: notifies the library of each pod's status.
+    /// `virtual-kubelet --provider mock` (library v1.11.0, as azure-aci v1.6.4 runs it):
+    /// notifies the library of each pod's status.
     Mock,
+    /// The same agent from the newest library the module proxy serves, v1.14.1 (`hack/k8s`).
+    MockNewest,
     /// `vk-replacer`: answers GetPodStatus only; the library's 5 s copy.
     Replacer,
     /// `vk-replacer --aci-rules --pod-ip 127.0.0.1`: azure-aci's pod rules, then as `Replacer`.
     AciRules,
+    /// `vk-replacer --ready-only --pod-ip 127.0.0.1`: the condition Ready alone, as interLink
+    /// reports its pods (no Initialized, which kruise-manager's serverless path waits for).
+    ReadyOnly,
 }
 
 /// A running virtual-kubelet node agent; stopped when dropped.
@@ -84,11 +90,21 @@ impl VirtualKubelet {
         cp.write_kubeconfig_for_token(&kubeconfig, VIRTUAL_NODE_TOKEN)?;
         let log = dir.join("virtual-kubelet.log");
         let daemon = match provider {
-            Provider::Mock => Self::spawn_mock(cp, node, &dir, &kubeconfig, &log)?,
-            Provider::Replacer | Provider::AciRules => {
+            Provider::Mock => {
+                Self::spawn_mock(cp, "virtual-kubelet", node, &dir, &kubeconfig, &log)?
+            }
+            Provider::MockNewest => {
+                Self::spawn_mock(cp, "virtual-kubelet-v1.14.1", node, &dir, &kubeconfig, &log)?
+            }
+            Provider::Replacer | Provider::AciRules | Provider::ReadyOnly => {
                 let mut args = vec![format!("--nodename={node}")];
-                if provider == Provider::AciRules {
-                    args.extend(["--aci-rules".to_owned(), "--pod-ip=127.0.0.1".to_owned()]);
+                match provider {
+                    Provider::AciRules => args.push("--aci-rules".to_owned()),
+                    Provider::ReadyOnly => args.push("--ready-only".to_owned()),
+                    _ => {}
+                }
+                if provider != Provider::Replacer {
+                    args.push("--pod-ip=127.0.0.1".to_owned());
                 }
                 Daemon::spawn_with_env(
                     "vk-replacer",
@@ -110,6 +126,7 @@ impl VirtualKubelet {
 
     fn spawn_mock(
         cp: &ControlPlane,
+        binary: &'static str,
         node: &str,
         dir: &std::path::Path,
         kubeconfig: &std::path::Path,
@@ -140,8 +157,8 @@ impl VirtualKubelet {
             ("VKUBELET_POD_IP", "127.0.0.1".to_owned()),
         ];
         Daemon::spawn_with_env(
-            "virtual-kubelet",
-            &tools::tool("virtual-kubelet")?,
+            binary,
+            &tools::tool(binary)?,
             &args,
             &env,
             log.to_path_buf(),
