@@ -312,6 +312,17 @@ mod tests {
 
     const ENABLED: &[(&str, &str)] = &[("podprobe.io/inject", "enabled")];
 
+    /// Each env var's name and its field path, or its value.
+    fn env_of(c: &Container) -> Vec<(&str, &str)> {
+        let env = c.env.iter().flatten();
+        env.map(|e| {
+            let field = e.value_from.as_ref().and_then(|v| v.field_ref.as_ref());
+            let shown = field.map_or(e.value.as_deref().unwrap_or(""), |f| &f.field_path);
+            (e.name.as_str(), shown)
+        })
+        .collect()
+    }
+
     #[test]
     fn opt_in_by_pod_or_namespace_and_opt_out_by_pod() {
         let c = config();
@@ -345,17 +356,8 @@ mod tests {
             sidecar.command.as_deref(),
             Some(&["/usr/local/bin/podprobe".to_owned()][..])
         );
-        let env: Vec<(&str, &str)> = sidecar
-            .env
-            .iter()
-            .flatten()
-            .map(|e| {
-                let path = e.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
-                (e.name.as_str(), path.field_path.as_str())
-            })
-            .collect();
         assert_eq!(
-            env,
+            env_of(sidecar),
             [
                 ("POD_NAME", "metadata.name"),
                 ("POD_NAMESPACE", "metadata.namespace"),
@@ -418,18 +420,8 @@ mod tests {
             sidecar.command.as_deref(),
             Some(&[crate::config::DEFAULT_COMMAND.to_owned()][..])
         );
-        let env: Vec<(&str, &str)> = sidecar
-            .env
-            .iter()
-            .flatten()
-            .map(|e| {
-                let field = e.value_from.as_ref().and_then(|v| v.field_ref.as_ref());
-                let shown = field.map_or(e.value.as_deref().unwrap_or(""), |f| &f.field_path);
-                (e.name.as_str(), shown)
-            })
-            .collect();
         assert_eq!(
-            env,
+            env_of(sidecar),
             [
                 ("POD_NAME", "metadata.name"),
                 ("POD_NAMESPACE", "metadata.namespace"),
