@@ -433,8 +433,20 @@ mod tests {
             mounts(sidecar),
             [(token::TOKEN_VOLUME, token::TOKEN_MOUNT_PATH)]
         );
-        let volumes: Vec<_> = spec.volumes.unwrap().into_iter().map(|v| v.name).collect();
-        assert_eq!(volumes, ["own-token", token::TOKEN_VOLUME]);
+        let volumes = spec.volumes.unwrap();
+        let names: Vec<_> = volumes.iter().map(|v| v.name.as_str()).collect();
+        assert_eq!(names, ["own-token", token::TOKEN_VOLUME]);
+        // The issued Secret is optional: a pod released without one still starts.
+        let sources = volumes[1]
+            .projected
+            .as_ref()
+            .unwrap()
+            .sources
+            .as_ref()
+            .unwrap();
+        let secret = sources.iter().find_map(|s| s.secret.as_ref()).unwrap();
+        assert_eq!(secret.optional, Some(true));
+        assert!(sources.iter().all(|s| s.service_account_token.is_none()));
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct OutcomeLabel {
 const WEBHOOK_RESULTS: [&str; 5] = ["allowed", "patched", "denied", "error", "bad_request"];
 /// Every `outcome` of [`OutcomeLabel`].
 const OUTCOMES: [&str; 3] = ["ok", "gone", "error"];
+/// Every `outcome` of `sidecar_tokens` (manager/src/sidecar_token/issue.rs).
+pub const TOKEN_OUTCOMES: [&str; 2] = ["issued", "refused"];
 
 /// Every metric the manager exports.
 #[derive(Debug)]
@@ -50,6 +52,9 @@ pub struct Metrics {
     pub leader: Gauge,
     pub cert_reloads: Counter,
     pub cert_reload_errors: Counter,
+    /// Pods held by the sidecar-token gate that this replica sees.
+    pub sidecar_tokens_pending: Gauge,
+    pub sidecar_tokens: Family<OutcomeLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -70,6 +75,8 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let cert_reloads = Counter::default();
         let cert_reload_errors = Counter::default();
+        let sidecar_tokens_pending = Gauge::default();
+        let sidecar_tokens = Family::<OutcomeLabel, Counter>::default();
         own.register(
             "webhook_requests",
             "AdmissionReview requests by path and result",
@@ -110,6 +117,16 @@ impl Default for Metrics {
             "Webhook certificate reloads that failed (the previous certificate stays in use)",
             cert_reload_errors.clone(),
         );
+        own.register(
+            "sidecar_tokens_pending",
+            "Virtual-node pods held by the podprobe.io/sidecar-token scheduling gate, waiting for their sidecar's token",
+            sidecar_tokens_pending.clone(),
+        );
+        own.register(
+            "sidecar_tokens",
+            "Virtual-node pods released by outcome: issued (token bound to the pod) or refused (released without one)",
+            sidecar_tokens.clone(),
+        );
         // Every known label value starts at 0, so a series exists before its first event:
         // `rate()` and `increase()` then see that first error instead of a series appearing at 1.
         for path in [
@@ -130,6 +147,11 @@ impl Default for Metrics {
             let _ = pod_patches.get_or_create(&label);
             let _ = status_updates.get_or_create(&label);
         }
+        for outcome in TOKEN_OUTCOMES {
+            let _ = sidecar_tokens.get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            });
+        }
         Self {
             registry,
             webhook_requests,
@@ -140,6 +162,8 @@ impl Default for Metrics {
             leader,
             cert_reloads,
             cert_reload_errors,
+            sidecar_tokens_pending,
+            sidecar_tokens,
         }
     }
 }
@@ -159,6 +183,14 @@ impl Metrics {
 
     pub fn pod_patch(&self, outcome: &str) {
         self.pod_patches
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub fn sidecar_token(&self, outcome: &str) {
+        self.sidecar_tokens
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.into(),
             })

@@ -518,6 +518,15 @@ async fn alerts_and_dashboard_fit_the_metrics_the_binaries_expose() {
             expect: on(&manager_target, &[("severity", "warning")]),
         },
         Scenario {
+            alert: "PodProbeManagerSidecarTokensPending",
+            drives: vec![Drive {
+                name: "podprobe_manager_sidecar_tokens_pending",
+                matching: owned(&manager_target),
+                values: "1x40".into(),
+            }],
+            expect: owned(&[("namespace", cluster::RELEASE_NS), ("severity", "warning")]),
+        },
+        Scenario {
             alert: "PodProbeManagerPodPatchErrors",
             drives: vec![Drive {
                 name: "podprobe_manager_pod_patches_total",

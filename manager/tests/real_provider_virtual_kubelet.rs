@@ -37,7 +37,7 @@ use installed::{
     LISTENING, NS, injected_container, install_and_run, run_injected_sidecar_with,
     start_control_plane,
 };
-use podprobe_manager::sidecar_token::{GATE, REFUSED};
+use podprobe_manager::sidecar_token::{GATE, LABEL, REFUSED};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -242,7 +242,7 @@ async fn held_issued_probed_and_marked(
     let pod = wait_running(running, name).await;
     assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some(node));
     assert!(pod.spec.as_ref().unwrap().scheduling_gates.is_none());
-    assert!(support::label(&pod, GATE).is_none(), "released");
+    assert!(support::label(&pod, LABEL).is_none(), "released");
     let token = issued_token(running, &pod).await;
     let _sidecar = run_injected_sidecar_with(running, &pod, &token, &[]);
     wait_marked(running, name, true).await;
@@ -290,7 +290,7 @@ async fn azure_aci_rules_accept_the_injected_pod_and_it_is_probed_and_marked() {
     other.spec.as_mut().unwrap().service_account_name = Some("default".into());
     create(&running, &other).await;
     let released = wait_running(&running, "other-account").await;
-    assert_eq!(support::label(&released, GATE).as_deref(), Some(REFUSED));
+    assert_eq!(support::label(&released, LABEL).as_deref(), Some(REFUSED));
 
     // The token goes with its pod: the Secret is the pod's, and collected after it.
     let secret = issued_secret_name(&pod);

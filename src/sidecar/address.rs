@@ -8,14 +8,16 @@
 //! `KUBERNETES_SERVICE_HOST`) there is no such address to find, and the sidecar aims at
 //! 127.0.0.1.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 
-/// The pod's address towards the in-cluster apiserver (`KUBERNETES_SERVICE_HOST`), in a pod.
+/// The pod's address towards the in-cluster apiserver (`KUBERNETES_SERVICE_HOST`, an address
+/// or a name), in a pod.
 pub fn own_address() -> Option<IpAddr> {
-    let apiserver = std::env::var("KUBERNETES_SERVICE_HOST")
-        .ok()?
-        .parse()
-        .ok()?;
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok()?;
+    let apiserver = match host.parse() {
+        Ok(ip) => ip,
+        Err(_) => (host.as_str(), 443).to_socket_addrs().ok()?.next()?.ip(),
+    };
     address_towards(apiserver)
 }
 

@@ -175,7 +175,9 @@ fn issued_token_volume(secret: &str) -> Volume {
             secret: Some(SecretProjection {
                 name: secret.into(),
                 items: Some(vec![key_to_path("token"), key_to_path("namespace")]),
-                optional: None,
+                // A pod released without a token (the issuer refused) must still start: a
+                // kubelet waits for a missing required Secret forever.
+                optional: Some(true),
             }),
             ..Default::default()
         },

@@ -160,6 +160,7 @@ impl Manager {
             // Every replica, in both modes: pods on virtual nodes wait for it, leader or not.
             tasks.push(tokio::spawn(crate::sidecar_token::issue::run(
                 client.clone(),
+                metrics.clone(),
                 shutdown.clone(),
             )));
         }

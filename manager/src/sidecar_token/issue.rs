@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{GATE, LABEL, PENDING, REFUSED};
 use crate::inject::TOKEN_VOLUME;
+use crate::metrics::Metrics;
 use crate::patch::escape;
 
 /// The lifetime asked for: a year, or less where the apiserver caps it
@@ -38,17 +39,43 @@ pub enum IssueError {
     },
 }
 
+/// How often the pending gauge is read from the issuer's cache.
+const GAUGE_EVERY: Duration = Duration::from_secs(5);
+/// When a release the apiserver refused is tried again.
+const RELEASE_RETRY: Duration = Duration::from_secs(30);
+
 struct Context {
     client: Client,
+    metrics: Arc<Metrics>,
 }
 
 /// Runs the issuer until `shutdown`.
-pub async fn run(client: Client, shutdown: CancellationToken) {
+pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationToken) {
     let pods: Api<Pod> = Api::all(client.clone());
     let selector = format!("{LABEL}={PENDING}");
-    Controller::new(pods, watcher::Config::default().labels(&selector))
+    let controller = Controller::new(pods, watcher::Config::default().labels(&selector));
+    // The watch holds exactly the pending pods: released ones leave its selector.
+    let pending = controller.store();
+    let gauge = metrics.sidecar_tokens_pending.clone();
+    let gauge_stop = shutdown.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(GAUGE_EVERY);
+        loop {
+            tokio::select! {
+                _ = gauge_stop.cancelled() => return,
+                _ = every.tick() => {
+                    gauge.set(i64::try_from(pending.state().len()).unwrap_or(i64::MAX));
+                }
+            }
+        }
+    });
+    controller
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, Arc::new(Context { client }))
+        .run(
+            reconcile,
+            error_policy,
+            Arc::new(Context { client, metrics }),
+        )
         .for_each(|_| futures::future::ready(()))
         .await;
 }
@@ -81,10 +108,21 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     ) else {
         return Ok(Action::await_change());
     };
+    let id = format!("{ns}/{name}");
     if pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let id = format!("{ns}/{name}");
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some()
+    {
+        // Bound already (its gate lifted by someone else, or the label set by hand): a write
+        // now could cost it its first status on virtual-kubelet ≥ v1.13. Not ours to touch.
+        tracing::debug!(pod = %id, "labelled {LABEL}={PENDING} but bound already: left alone");
+        return Ok(Action::await_change());
+    }
     let api_error = |what| {
         let pod = id.clone();
         move |source| IssueError::Api { pod, what, source }
@@ -97,29 +135,31 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
             Err(e) => return Err(api_error("issuing the sidecar's token")(e)),
         },
     };
-    let released = match &outcome {
+    let (released, outcome_label) = match &outcome {
         Ok(secret) => {
             tracing::info!(pod = %id, %secret, "issued the sidecar's token, bound to the pod; releasing it");
-            Value::Null
+            (Value::Null, "issued")
         }
         Err(why) => {
-            tracing::warn!(pod = %id, "cannot issue the sidecar's token ({why}); releasing the pod without it: its sidecar cannot write conditions. Label {LABEL}={REFUSED}");
-            Value::String(REFUSED.into())
+            tracing::warn!(pod = %id, "cannot issue the sidecar's token ({why}); releasing the pod without it (its token volume is optional): it runs, and its sidecar cannot reach the apiserver. Labelled {LABEL}={REFUSED}");
+            (Value::String(REFUSED.into()), "refused")
         }
     };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    match pods
-        .patch(
-            name,
-            &PatchParams::default(),
-            &release_patch(&pod, uid, released),
-        )
-        .await
-    {
-        Ok(_) => Ok(Action::await_change()),
-        // Gone, replaced, or released by another replica meanwhile.
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 || s.code == 422 => {
+    let release = release_patch(&pod, uid, released);
+    match pods.patch(name, &PatchParams::default(), &release).await {
+        Ok(_) => {
+            ctx.metrics.sidecar_token(outcome_label);
             Ok(Action::await_change())
+        }
+        // Deleted meanwhile.
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Action::await_change()),
+        // A `test` that no longer holds (replaced, or released by another replica: the watch
+        // brings the change), or a release the apiserver refuses: looked at again later, and
+        // said, since a pod left gated does not run.
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 422 => {
+            tracing::warn!(pod = %id, "the pod's release was refused ({}); trying again in {RELEASE_RETRY:?}", s.message);
+            Ok(Action::requeue(RELEASE_RETRY))
         }
         Err(e) => Err(api_error("releasing the pod")(e)),
     }
@@ -155,7 +195,11 @@ async fn write_token(
     let issued = Api::<ServiceAccount>::namespaced(client.clone(), ns)
         .create_token_request(account, &PostParams::default(), &request)
         .await?;
-    let token = issued.status.map(|s| s.token).unwrap_or_default();
+    let Some(token) = issued.status.map(|s| s.token).filter(|t| !t.is_empty()) else {
+        return Err(kube::Error::Service(
+            format!("the TokenRequest for {ns}/{account} came back without a token").into(),
+        ));
+    };
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(secret.into()),
