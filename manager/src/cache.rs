@@ -112,7 +112,8 @@ impl PpmCache {
         let cache = self.clone();
         tokio::spawn(async move {
             let (store, mut writer) = reflector::store::<PodProbeMarker>();
-            let stream = watcher(Api::<PodProbeMarker>::all(client)).default_backoff();
+            let stream = watcher(Api::<PodProbeMarker>::all(client))
+                .backoff(podprobe_ops::backoff::WatchBackoff::default());
             let mut stream = std::pin::pin!(stream);
             loop {
                 let event = tokio::select! {
@@ -192,7 +193,7 @@ where
 {
     let (store, writer) = reflector::store::<K>();
     let stream = watcher(Api::<K>::all(client))
-        .default_backoff()
+        .backoff(podprobe_ops::backoff::WatchBackoff::default())
         .reflect(writer)
         .map_err(|e| tracing::warn!("{} watch: {e}", <K as Resource>::kind(&())))
         .for_each(|_| futures::future::ready(()));

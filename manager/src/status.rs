@@ -149,6 +149,7 @@ pub async fn run(
             .debounce(Duration::from_millis(500))
             .concurrency(4),
     )
+    .trigger_backoff(podprobe_ops::backoff::WatchBackoff::default())
     .reconcile_on(UnboundedReceiverStream::new(triggers))
     .graceful_shutdown_on(async move { shutdown.cancelled().await })
     .run(reconcile, error_policy, ctx)

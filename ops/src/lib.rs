@@ -4,8 +4,10 @@
 //!   listener that outlives accept errors and shuts down gracefully;
 //! - [`process`]: the standard `process_*` metrics and `build_info`, registered by both;
 //! - [`connection`]: one HTTP/1 connection served until it ends or shutdown (the manager's
-//!   webhooks use it too).
+//!   webhooks use it too);
+//! - [`backoff`]: how their watches on the apiserver retry after a failure.
 
+pub mod backoff;
 pub mod connection;
 pub mod endpoints;
 pub mod process;

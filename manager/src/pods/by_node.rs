@@ -173,7 +173,7 @@ pub(super) fn node_triggers(
 ) -> impl Stream<Item = ObjectRef<Pod>> + Send + 'static {
     let mut serverless = ServerlessNodes::default();
     watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
-        .default_backoff()
+        .backoff(podprobe_ops::backoff::WatchBackoff::default())
         .reflect(writer)
         .filter_map(|event| {
             futures::future::ready(match event {

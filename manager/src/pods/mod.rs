@@ -213,7 +213,7 @@ pub async fn run(
         Api::<Pod>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .default_backoff()
+    .backoff(podprobe_ops::backoff::WatchBackoff::default())
     .reflect(writer)
     .inspect_ok({
         let (by_node, written) = (by_node.clone(), ctx.written.clone());
@@ -227,6 +227,7 @@ pub async fn run(
     let triggers = ppm_triggers(ctx.ppms.clone(), store.clone());
     let nodes = node_triggers(ctx.client.clone(), node_writer, ctx.scope.clone(), by_node);
     Controller::for_stream(stream, store)
+        .trigger_backoff(podprobe_ops::backoff::WatchBackoff::default())
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .reconcile_on(triggers)
         .reconcile_on(nodes)

@@ -13,8 +13,9 @@ use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
+use podprobe_ops::backoff::WatchBackoff;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -53,9 +54,16 @@ struct Context {
 pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationToken) {
     let pods: Api<Pod> = Api::all(client.clone());
     let selector = format!("{LABEL}={PENDING}");
-    let controller = Controller::new(pods, watcher::Config::default().labels(&selector));
     // The watch holds exactly the pending pods: released ones leave its selector.
-    let pending = controller.store();
+    let (pending, writer) = reflector::store();
+    let stream = watcher(pods, watcher::Config::default().labels(&selector))
+        .backoff(WatchBackoff::default())
+        .reflect(writer)
+        .applied_objects();
+    // The controller backs its trigger stream off too, by kube-rs's default (up to a minute)
+    // unless told: the watch would then stay away that long after an outage.
+    let controller =
+        Controller::for_stream(stream, pending.clone()).trigger_backoff(WatchBackoff::default());
     let gauge = metrics.sidecar_tokens_pending.clone();
     let gauge_stop = shutdown.clone();
     tokio::spawn(async move {
