@@ -55,14 +55,28 @@ async fn install_inject_probe_and_mark_on_the_oldest_apiserver() {
     let patch = json!({"status": {"conditions": [
         {"type": LISTENING, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
     ]}});
-    let refused = as_sidecar
-        .patch_status(
-            neighbour.metadata.name.as_deref().unwrap(),
-            &PatchParams::default(),
-            &Patch::Strategic(patch),
-        )
-        .await
-        .expect_err("a neighbour's status");
+    // The apiserver loads a new policy asynchronously: until it refuses, a write gets through
+    // (then the next one is refused), within a minute.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let refused = loop {
+        match as_sidecar
+            .patch_status(
+                neighbour.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &Patch::Strategic(patch.clone()),
+            )
+            .await
+        {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the policy never refused a neighbour's status"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    };
     match refused {
         kube::Error::Api(e) => {
             assert_eq!(e.code, 403, "{e:?}");
