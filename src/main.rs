@@ -160,8 +160,7 @@ struct RunArgs {
     pod_uid: Option<String>,
 
     /// This pod's IP (downward API `status.podIP`): where network probes aim. Falls back to the
-    /// IP in the pod status, then the pod's own address on its primary interface (the one
-    /// it would reach the apiserver from), then 127.0.0.1.
+    /// IP in the pod status, then 127.0.0.1.
     #[arg(long, env = "POD_IP")]
     pod_ip: Option<String>,
 

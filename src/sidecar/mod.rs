@@ -1,7 +1,6 @@
 //! `podprobe run`: the sidecar. Reads its pod (apiserver watch or downward-API file), keeps one
 //! worker per probe in line with the annotation, and writes results as pod conditions.
 
-mod address;
 mod probing;
 mod repair;
 
@@ -30,8 +29,7 @@ use probing::Sidecar;
 #[derive(Debug, Clone)]
 pub struct SidecarOptions {
     pub identity: PodIdentity,
-    /// `POD_IP`: where network probes aim (else the pod status' IP, else the pod's own address
-    /// on its primary interface, else 127.0.0.1).
+    /// `POD_IP`: where network probes aim (else the pod status' IP, else 127.0.0.1).
     pub pod_ip: Option<String>,
     pub source: SourceKind,
     pub annotations_file: PathBuf,

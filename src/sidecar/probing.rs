@@ -170,7 +170,6 @@ impl Sidecar {
                 .pod_ip
                 .clone()
                 .or_else(|| view.pod_ip.clone())
-                .or_else(|| super::address::own_address().map(|ip| ip.to_string()))
                 .unwrap_or_else(|| "127.0.0.1".into());
             tracing::info!(%host, exec_mode = %self.options.exec_mode, "network probes aim at {host}; exec probes run in {} mode", self.options.exec_mode);
             let config = RunnerConfig {
