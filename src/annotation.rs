@@ -10,4 +10,5 @@ mod tests;
 
 pub use downward_api::{
     DownwardApiError, format_downward_api, go_quote, go_unquote, parse_downward_api,
+    project_downward_api,
 };

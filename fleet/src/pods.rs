@@ -139,7 +139,8 @@ async fn create_one(
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = dir.join("kubeconfig");
     cp.write_kubeconfig_for_token(&kubeconfig, &token)?;
-    let annotations_file = write_downward_api(&dir, &annotations)?;
+    let annotations_file =
+        podprobe::annotation::project_downward_api(&dir.join("podinfo"), &annotations)?;
     Ok(FleetPod {
         index: i,
         name,
@@ -148,23 +149,4 @@ async fn create_one(
         kubeconfig,
         annotations_file,
     })
-}
-
-/// The pod's annotations as the kubelet projects them (`key="go-quoted value"` lines, sorted)
-/// through its atomic writer's layout: `annotations -> ..data/annotations`, `..data -> ..<ts>`.
-fn write_downward_api(
-    dir: &Path,
-    annotations: &std::collections::BTreeMap<String, String>,
-) -> std::io::Result<PathBuf> {
-    let text: String = annotations
-        .iter()
-        .map(|(k, v)| format!("{k}={}\n", podprobe::annotation::go_quote(v)))
-        .collect();
-    let volume = dir.join("podinfo");
-    let data = volume.join("..2026_11_24_00_00_00.1");
-    std::fs::create_dir_all(&data)?;
-    std::fs::write(data.join("annotations"), text)?;
-    std::os::unix::fs::symlink("..2026_11_24_00_00_00.1", volume.join("..data"))?;
-    std::os::unix::fs::symlink("..data/annotations", volume.join("annotations"))?;
-    Ok(volume.join("annotations"))
 }

@@ -2,6 +2,7 @@
 //! quoted like Go's `%q`.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 /// Errors reading the downward-API annotations file format.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +40,39 @@ pub fn format_downward_api(annotations: &BTreeMap<String, String>) -> String {
         .map(|(k, v)| format!("{k}={}", go_quote(v)))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Projects `annotations` into the downward-API volume at `volume` as the kubelet's atomic
+/// writer does (for tests and tooling that stand in for a kubelet): the content in a new
+/// `..<timestamp>` directory, the `..data` link swapped to it by a rename, `annotations ->
+/// ..data/annotations`, the previous content removed. Returns the file's path.
+pub fn project_downward_api(
+    volume: &Path,
+    annotations: &BTreeMap<String, String>,
+) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::symlink;
+    std::fs::create_dir_all(volume)?;
+    let data_link = volume.join("..data");
+    let previous = std::fs::read_link(&data_link).ok();
+    let stamp = jiff::Timestamp::now().strftime("%Y_%m_%d_%H_%M_%S.%f");
+    let name = format!("..{stamp}");
+    std::fs::create_dir(volume.join(&name))?;
+    std::fs::write(
+        volume.join(&name).join("annotations"),
+        format_downward_api(annotations) + "\n",
+    )?;
+    let staged = volume.join("..data_tmp");
+    let _ = std::fs::remove_file(&staged);
+    symlink(&name, &staged)?;
+    std::fs::rename(&staged, &data_link)?;
+    let file = volume.join("annotations");
+    if std::fs::symlink_metadata(&file).is_err() {
+        symlink("..data/annotations", &file)?;
+    }
+    if let Some(previous) = previous {
+        std::fs::remove_dir_all(volume.join(previous))?;
+    }
+    Ok(file)
 }
 
 /// Go `strconv.Quote` for valid UTF-8: `\a \b \f \n \r \t \v \\ \"`, other non-printable

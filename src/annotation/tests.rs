@@ -95,3 +95,34 @@ fn downward_api_errors_name_the_line() {
         "invalid UTF-8 is refused"
     );
 }
+
+#[test]
+fn a_projection_replaces_the_volume_content_as_the_kubelets_atomic_writer_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("podinfo");
+    let one = BTreeMap::from([("a".to_owned(), "1".to_owned())]);
+    let two = BTreeMap::from([("a".to_owned(), "2 \"quoted\"".to_owned())]);
+    let file = project_downward_api(&volume, &one).unwrap();
+    assert_eq!(file, volume.join("annotations"));
+    let first_target = std::fs::read_link(volume.join("..data")).unwrap();
+    assert_eq!(project_downward_api(&volume, &two).unwrap(), file);
+    let read = parse_downward_api(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(read, two);
+    assert_ne!(
+        std::fs::read_link(volume.join("..data")).unwrap(),
+        first_target
+    );
+    let entries: Vec<_> = std::fs::read_dir(&volume)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(
+        entries.len(),
+        3,
+        "..data, annotations and one content directory: {entries:?}"
+    );
+    assert!(
+        !volume.join(first_target).exists(),
+        "the previous content is gone"
+    );
+}
