@@ -1,9 +1,12 @@
 //! The sidecar's view of its own pod: a watch on the apiserver (annotation, container statuses,
-//! uid, deletion) or the downward-API annotations file ([`file`]), published as [`PodView`]s.
+//! uid, deletion) or the downward-API annotations file ([`file`]) with the pod's status read
+//! when it matters ([`status`]), published as [`PodView`]s.
 
 mod file;
+mod status;
 
 pub use file::{read_annotations_file, watch_file};
+pub use status::{Read, StatusReader, StatusReads};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -222,6 +222,111 @@ async fn live_annotation_changes_take_effect_without_restart() {
     );
 }
 
+/// The file source has no watch, yet probes by the same container rules as the watch: it reads
+/// its pod while the container has not started (the probe waits, past its initial delay), and
+/// when a probe turns Failed (its container may be down: the probe says so), until the
+/// restarted container has started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_source_reads_its_containers_status_when_probing_needs_it() {
+    let cluster = Cluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let mut probe: serde_json::Value =
+        serde_json::from_str(&file_probe("p", "c/p", &flag)).unwrap();
+    probe["probe"]["initialDelaySeconds"] = json!(3);
+    let annotation = array(&[probe.to_string()]);
+    // Created, not yet reported by a kubelet: no container status.
+    let mut pod = game_pod("gs-r", &annotation, json!([]));
+    pod.spec.as_mut().unwrap().service_account_name = Some(SIDECAR_SA.to_owned());
+    let pod = cluster
+        .pods()
+        .create(&Default::default(), &pod)
+        .await
+        .unwrap();
+    let annotations = cluster.annotations_file(&annotation);
+    let sidecar = cluster
+        .sidecar(
+            &pod,
+            &[
+                "--source",
+                "file",
+                "--annotations-file",
+                annotations.to_str().unwrap(),
+                "--pod-uid",
+                pod.metadata.uid.as_deref().unwrap(),
+            ],
+        )
+        .await;
+    let reads = || cluster.proxy.journal().count("GET", "pods/gs-r");
+    // Reads at start, 1 s and 3 s later, and 7 s later: the probe's initial delay (from the
+    // sidecar's start, were the status unknown) is long past, and it has not run.
+    wait_until(LIMIT, "four reads of the pod", || reads() >= 4).await;
+    let pod = cluster.pods().get("gs-r").await.unwrap();
+    assert!(
+        condition(&pod, "c/p").is_none(),
+        "probed a container that has not started"
+    );
+
+    let started_at = jiff::Timestamp::now();
+    cluster
+        .kubelet_reports_started("gs-r", "containerd://main-1", started_at)
+        .await;
+    let pod = cluster
+        .wait_pod("gs-r", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+    let probed = condition(&pod, "c/p")
+        .unwrap()
+        .last_probe_time
+        .clone()
+        .unwrap()
+        .0;
+    let started = podprobe::condition::kube_time(started_at).0;
+    assert!(
+        probed.duration_since(started).as_secs() >= 3,
+        "probed before the initial delay from startedAt: {started} → {probed}"
+    );
+    let settled_reads = reads();
+
+    // The container stops (the kubelet's whole-status update), and so its probe fails: the
+    // failure asks for a read, which says why.
+    let mut status = cluster.pods().get_status("gs-r").await.unwrap();
+    status
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[0]
+        .state = Some(serde_json::from_value(json!({"terminated": {"exitCode": 1}})).unwrap());
+    cluster
+        .pods()
+        .replace_status("gs-r", &Default::default(), &status)
+        .await
+        .unwrap();
+    std::fs::remove_file(&flag).unwrap();
+    let pod = cluster
+        .wait_pod("gs-r", LIMIT, |p| {
+            condition(p, "c/p")
+                .is_some_and(|c| c.message.as_deref() == Some("Container(main) is Non-running"))
+        })
+        .await;
+    assert!(has_status(&pod, "c/p", "False"));
+    assert!(reads() > settled_reads);
+
+    // Restarted: read again until it has started; Unknown first, then the new container's
+    // result (in the log: the two can fall in one write's coalescing window).
+    std::fs::write(&flag, "up").unwrap();
+    cluster
+        .kubelet_reports_started("gs-r", "containerd://main-2", jiff::Timestamp::now())
+        .await;
+    sidecar
+        .wait_log("state=Unknown container restarted", LIMIT)
+        .await;
+    cluster
+        .wait_pod("gs-r", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_not_running_and_restarted() {
     let cluster = Cluster::start().await;

@@ -20,7 +20,7 @@ use crate::apiserver::{self, Clients, Idle};
 use crate::condition::writer::ApiserverAnswered;
 use crate::events::{EventBudget, EventSink};
 use crate::metrics::Metrics;
-use crate::pod::{self, PodIdentity, PodView, SourceKind};
+use crate::pod::{self, PodIdentity, PodView, SourceKind, StatusReader, StatusReads};
 use crate::probe::ExecMode;
 use crate::runner::TimingDefaults;
 use probing::Sidecar;
@@ -114,7 +114,7 @@ async fn run_with(
         "podprobe reads its probes from {} ({why})",
         match source {
             SourceKind::Api => "the apiserver",
-            _ => "the downward-API file",
+            _ => "the downward-API file, and its containers' status from the apiserver when probing needs it",
         }
     );
     if source == SourceKind::File && options.identity.uid.is_none() {
@@ -127,8 +127,11 @@ async fn run_with(
     }
     let client = &clients.requests;
     let answered = ApiserverAnswered::default();
-    let (source_task, views) = start_source(source, client, &options, &metrics, &answered);
-    let (mut sidecar, reports) = Sidecar::new(&clients, options, metrics, answered);
+    let (source_task, views, status_reads) = tokio::select! {
+        started = start_source(source, client, &options, &metrics, &answered) => started,
+        () = &mut shutdown => return Ok(()),
+    };
+    let (mut sidecar, reports) = Sidecar::new(&clients, options, metrics, answered, status_reads);
     sidecar.run_until(views, reports, shutdown).await;
 
     tracing::info!("SIGTERM: stopping probes and flushing pending condition writes");
@@ -137,30 +140,55 @@ async fn run_with(
     Ok(())
 }
 
-/// Starts reading the pod from `source`; its views arrive on the receiver.
-fn start_source(
+/// How long the file source's first status read may hold up probing: past it, probes start
+/// without their containers' status and take it when a later read brings it.
+const FIRST_STATUS_READ: Duration = Duration::from_secs(5);
+
+/// Starts reading the pod from `source`; its views arrive on the receiver. The file source
+/// reads the pod's status once before probing starts (so probes begin with their containers'
+/// state and named ports), then when [`StatusReads`] ask.
+async fn start_source(
     source: SourceKind,
     client: &Client,
     options: &SidecarOptions,
     metrics: &Metrics,
     answered: &ApiserverAnswered,
-) -> (tokio::task::JoinHandle<()>, watch::Receiver<PodView>) {
+) -> (
+    tokio::task::JoinHandle<()>,
+    watch::Receiver<PodView>,
+    Option<StatusReads>,
+) {
     let (view_tx, view_rx) = watch::channel(PodView::default());
-    let task = match source {
-        SourceKind::Api => tokio::spawn(pod::watch_api(
+    if source == SourceKind::Api {
+        let task = tokio::spawn(pod::watch_api(
             client.clone(),
             options.identity.clone(),
             view_tx,
             answered.clone(),
-        )),
-        _ => tokio::spawn(pod::watch_file(
-            options.annotations_file.clone(),
-            options.file_poll,
-            view_tx,
-            metrics.annotation_file_reads(),
-        )),
-    };
-    (task, view_rx)
+        ));
+        return (task, view_rx, None);
+    }
+    let mut reader = StatusReader::new(client.clone(), options.identity.clone(), view_tx.clone());
+    let first = tokio::time::timeout(FIRST_STATUS_READ, reader.read())
+        .await
+        .unwrap_or(pod::Read::Unsettled);
+    // The annotation too, so the first view has both (its errors are the file watch's to tell).
+    if let Ok(annotations) = pod::read_annotations_file(&options.annotations_file) {
+        let annotation = PodView::from_annotations(&annotations).annotation;
+        view_tx.send_modify(|view| view.annotation = annotation);
+    }
+    let wanted = StatusReads::default();
+    let file = pod::watch_file(
+        options.annotations_file.clone(),
+        options.file_poll,
+        view_tx,
+        metrics.annotation_file_reads(),
+    );
+    let status = reader.run(first, wanted.clone());
+    let task = tokio::spawn(async move {
+        tokio::join!(file, status);
+    });
+    (task, view_rx, Some(wanted))
 }
 
 /// Events on this pod, or none with `--events=false`.

@@ -17,9 +17,9 @@ use crate::condition::writer::{ApiserverAnswered, ConditionWriter, WriterConfig}
 use crate::condition::{ConditionBook, FIELD_MANAGER};
 use crate::events::EventSink;
 use crate::metrics::Metrics;
-use crate::pod::{PodView, StatusWriter};
+use crate::pod::{PodView, StatusReads, StatusWriter};
 use crate::probe::{ApiExec, ExecConfig, Prober};
-use crate::runner::{ProbeId, Runner, RunnerConfig, WorkerReport};
+use crate::runner::{ProbeId, ProbeState, Runner, RunnerConfig, WorkerReport};
 
 pub(super) struct Sidecar {
     options: SidecarOptions,
@@ -30,6 +30,11 @@ pub(super) struct Sidecar {
     sees_conditions: bool,
     status_writers: Vec<StatusWriter>,
     last_annotation: Option<String>,
+    /// The containers and ports the probes were last applied with (the file source learns
+    /// them from its first status read).
+    last_containers: Option<PodContainers>,
+    /// The file source's status reads, asked for when a probe turns `Failed`.
+    status_reads: Option<StatusReads>,
     /// Probes currently running.
     probes: Vec<ProbeId>,
     metrics: Metrics,
@@ -51,6 +56,7 @@ impl Sidecar {
         options: SidecarOptions,
         metrics: Metrics,
         answered: ApiserverAnswered,
+        status_reads: Option<StatusReads>,
     ) -> (Self, mpsc::Receiver<WorkerReport>) {
         let client = &clients.requests;
         let identity = &options.identity;
@@ -85,6 +91,8 @@ impl Sidecar {
             sees_conditions: false,
             status_writers: Vec::new(),
             last_annotation: None,
+            last_containers: None,
+            status_reads,
             probes: Vec::new(),
             metrics,
             exec,
@@ -155,8 +163,9 @@ impl Sidecar {
         for (container, status) in &view.statuses {
             runner.set_container(container, status.clone());
         }
-        if view.annotation != self.last_annotation {
+        if view.annotation != self.last_annotation || view.containers != self.last_containers {
             self.last_annotation = view.annotation.clone();
+            self.last_containers = view.containers.clone();
             self.apply_annotation(view);
         }
         self.metrics.set_ready(true);
@@ -262,6 +271,12 @@ impl Sidecar {
                     "probe result changed"
                 );
                 self.events.transition(&t);
+                if t.state == ProbeState::Failed
+                    && let Some(reads) = &self.status_reads
+                {
+                    // Did its container stop or restart? The file does not say.
+                    reads.request();
+                }
                 if let Some(condition) = self.book.record(&t) {
                     self.repairs
                         .changed(&t.probe.condition_type, Instant::now());
