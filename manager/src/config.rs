@@ -81,7 +81,8 @@ pub enum PodShapeChoice {
     Auto,
     /// Every pod as for a kubelet node.
     Kubelet,
-    /// Every pod as for a virtual node (works on kubelet nodes too, with a watch per pod).
+    /// Every pod as for a virtual node (works on kubelet nodes too, with a watch per pod rather
+    /// than the downward-API file).
     VirtualNode,
 }
 

@@ -79,7 +79,13 @@ pub fn sidecar_container(config: &InjectionConfig, shape: Shape, native: bool) -
         field_env("POD_UID", "metadata.uid"),
     ];
     match shape {
-        Shape::Kubelet => env.push(field_env("POD_IP", "status.podIP")),
+        // The downward-API file for the probes, the pod read only when probing needs its
+        // containers' status: no watch held on the apiserver for the pod's life (a kubelet
+        // keeps the conditions it does not own, so there is nothing to repair at once).
+        Shape::Kubelet => env.extend([
+            field_env("POD_IP", "status.podIP"),
+            value_env("PODPROBE_SOURCE", "file".into()),
+        ]),
         // No downward-API file: the probes and the pod's IP come from the apiserver.
         Shape::VirtualNode => env.push(value_env("PODPROBE_SOURCE", "api".into())),
     }
@@ -362,7 +368,8 @@ mod tests {
                 ("POD_NAME", "metadata.name"),
                 ("POD_NAMESPACE", "metadata.namespace"),
                 ("POD_UID", "metadata.uid"),
-                ("POD_IP", "status.podIP")
+                ("POD_IP", "status.podIP"),
+                ("PODPROBE_SOURCE", "file"),
             ]
         );
         let mount = &sidecar.volume_mounts.as_ref().unwrap()[0];

@@ -148,6 +148,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
             .spawn()
             .expect("start podprobe run"),
         log,
+        volume: None,
     };
     let pods: Api<Pod> = cluster.pods();
 

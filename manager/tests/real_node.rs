@@ -127,6 +127,10 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
         sidecar_log.contains("procfs"),
         "auto chose and logged the exec mode:\n{sidecar_log}"
     );
+    assert!(
+        sidecar_log.contains("reads its probes from the downward-API file"),
+        "the kubelet shape's source:\n{sidecar_log}"
+    );
     let markers = wait_for(&pods, "game-0", "Failed markers", |p| {
         label(p, IDLE).as_deref() == Some("false")
     })
@@ -251,6 +255,18 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
         .position(|e| e.is("delete", "pods", Some("game-0")))
         .expect("the delete in the audit log");
     let sidecar_user = format!("system:serviceaccount:{NS}:podprobe-sidecar");
+    // The file source held no watch, and read the pod only when probing needed its status:
+    // at start, and after the probes failed with the killed container.
+    let by_sidecar = |verb: &str, name: Option<&str>| {
+        audit
+            .iter()
+            .filter(|e| e.user.username == sidecar_user && e.is(verb, "pods", name))
+            .count()
+    };
+    assert_eq!(by_sidecar("watch", None), 0, "the sidecar watched");
+    let reads = by_sidecar("get", Some("game-0"));
+    println!("the sidecar read its pod {reads} times");
+    assert!((2..=20).contains(&reads), "{reads} reads of the pod");
     let late: Vec<_> = audit[deleted..]
         .iter()
         .filter(|e| e.user.username == sidecar_user && e.verb != "watch" && e.verb != "get")

@@ -2,7 +2,8 @@
 //! accepts.
 //!
 //! A kubelet resolves every downward-API field and volume, so there the sidecar reads its probes
-//! from a downward-API file (no watch on the apiserver) and learns its IP from `status.podIP`.
+//! from a downward-API file (`PODPROBE_SOURCE=file`: no watch on the apiserver, the pod read
+//! only when probing needs its containers' status) and learns its IP from `status.podIP`.
 //! Virtual-kubelet providers are narrower, in their own code:
 //! - the virtual-kubelet library resolves env `fieldRef`s itself and knows `metadata.*` and
 //!   `spec.nodeName`/`spec.serviceAccountName` only: `status.podIP` fails the pod ("unsupported

@@ -188,8 +188,9 @@ pub fn kubelet_status(app_container: &str) -> Value {
 /// The injected container run as the kubelet would run it: its command (the image's
 /// entrypoint: this build's binary), its args, its environment (the literal values and the
 /// downward-API fields it declares, resolved from the pod; `status.podIP` is 127.0.0.1, where
-/// [`kubelet_status`] and the tests' virtual nodes put their pods), a token of the pod's
-/// ServiceAccount bound to the pod. Exec probes run in the sidecar's own process (mode
+/// [`kubelet_status`] and the tests' virtual nodes put their pods), its downward-API volume
+/// (the pod's annotations, kept up to date while it runs: [`follow_downward_api`]), a token of
+/// the pod's ServiceAccount bound to the pod. Exec probes run in the sidecar's own process (mode
 /// `local`): no kubelet runs the pod's other containers here, so `pods/exec`, which the chart's
 /// Role allows and `auto` would take, has nothing to reach; the tests' commands are local
 /// scripts.
@@ -257,6 +258,21 @@ pub fn run_injected_sidecar_with(
         .write_kubeconfig_for_token(&kubeconfig, token)
         .unwrap();
     let log = running.dir.path().join(format!("{name}.sidecar.log"));
+    let (volume, annotations_file) = match downward_api_mount(pod, container) {
+        Some(mount) => {
+            let dir = running.dir.path().join(format!("{name}.podinfo"));
+            let file = podprobe::annotation::project_downward_api(&dir, &annotations(pod))
+                .expect("project the downward-API volume");
+            // Where the sidecar's default `--annotations-file` (/etc/podinfo/annotations) is.
+            assert_eq!(mount, "/etc/podinfo", "the volume's mount path");
+            let follower = follow_downward_api(running.cp.client(), pod, dir);
+            (
+                Some(tokio::spawn(follower)),
+                vec![("PODPROBE_ANNOTATIONS_FILE", file)],
+            )
+        }
+        None => (None, Vec::new()),
+    };
     let child = Command::new(sidecar_binary())
         .args(container.args.iter().flatten())
         .env_remove("POD_IP")
@@ -264,13 +280,58 @@ pub fn run_injected_sidecar_with(
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "podprobe=debug,info")
         .env("PODPROBE_EXEC_MODE", "local")
+        .envs(annotations_file)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("start the sidecar");
-    Sidecar { child, log }
+    Sidecar { child, log, volume }
+}
+
+/// Where `container` mounts a downward-API volume of `pod`, if it does.
+fn downward_api_mount(
+    pod: &Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+) -> Option<String> {
+    let volumes = pod.spec.as_ref()?.volumes.as_ref()?;
+    container.volume_mounts.iter().flatten().find_map(|m| {
+        let volume = volumes.iter().find(|v| v.name == m.name)?;
+        volume.downward_api.as_ref().map(|_| m.mount_path.clone())
+    })
+}
+
+fn annotations(pod: &Pod) -> std::collections::BTreeMap<String, String> {
+    pod.metadata.annotations.clone().unwrap_or_default()
+}
+
+/// Re-projects the pod's annotations into its downward-API volume at `dir` whenever they
+/// change, as the kubelet does on its next sync of the pod.
+fn follow_downward_api(
+    client: kube::Client,
+    pod: &Pod,
+    dir: std::path::PathBuf,
+) -> impl std::future::Future<Output = ()> + 'static {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let pods: Api<Pod> = Api::namespaced(client, pod.metadata.namespace.as_deref().unwrap());
+    let name = pod.metadata.name.clone().unwrap();
+    let mut last = annotations(pod);
+    async move {
+        let config =
+            kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut pods = std::pin::pin!(kube::runtime::watcher(pods, config).applied_objects());
+        while let Some(seen) = pods.next().await {
+            let Ok(seen) = seen else { continue };
+            let now = annotations(&seen);
+            if now != last {
+                podprobe::annotation::project_downward_api(&dir, &now)
+                    .expect("re-project the downward-API volume");
+                last = now;
+            }
+        }
+    }
 }
 
 /// The condition type of [`listening_marker`]'s probe.

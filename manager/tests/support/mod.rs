@@ -363,10 +363,15 @@ pub fn sidecar_binary() -> PathBuf {
 pub struct Sidecar {
     pub child: Child,
     pub log: PathBuf,
+    /// What keeps its downward-API volume up to date, as a kubelet would, while it runs.
+    pub volume: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for Sidecar {
     fn drop(&mut self) {
+        if let Some(volume) = self.volume.take() {
+            volume.abort();
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
