@@ -111,6 +111,7 @@ impl StatusReader {
         } else {
             Read::Unsettled
         };
+        tracing::debug!(?outcome, "read the pod's status");
         self.tx.send_if_modified(|current| {
             let merged = PodView {
                 // The file's: the annotation, and no conditions (see the module's comment).
