@@ -19,20 +19,11 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::runner::{ProbeState, Transition};
+use crate::runner::Transition;
 
-/// The `reason` of a probe's pod condition (its Events have their own: `events::EventReason`).
-pub const CONDITION_REASON_SUCCEEDED: &str = "PodProbeSucceeded";
-pub const CONDITION_REASON_FAILED: &str = "PodProbeFailed";
-pub const CONDITION_REASON_UNKNOWN: &str = "PodProbeUnknown";
-
-pub fn reason_of(state: ProbeState) -> &'static str {
-    match state {
-        ProbeState::Succeeded => CONDITION_REASON_SUCCEEDED,
-        ProbeState::Failed => CONDITION_REASON_FAILED,
-        ProbeState::Unknown => CONDITION_REASON_UNKNOWN,
-    }
-}
+pub use podprobe_protocol::state::{
+    CONDITION_REASON_FAILED, CONDITION_REASON_SUCCEEDED, CONDITION_REASON_UNKNOWN,
+};
 
 /// Kubernetes times have whole-second precision on the wire (Go truncates); keeping them so in
 /// memory makes what podprobe holds compare equal to what it reads back.
@@ -95,7 +86,7 @@ impl ConditionBook {
         let condition = PodCondition {
             type_: condition_type.clone(),
             status: status.to_owned(),
-            reason: Some(reason_of(transition.state).to_owned()),
+            reason: Some(transition.state.condition_reason().to_owned()),
             message: Some(transition.message.clone()),
             last_probe_time: Some(at),
             last_transition_time,
@@ -180,7 +171,7 @@ pub fn status_patch(uid: &str, writes: &[ConditionWrite]) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::ProbeId;
+    use crate::runner::{ProbeId, ProbeState};
     use jiff::SignedDuration;
     use std::time::Duration;
 
@@ -202,8 +193,8 @@ mod tests {
 
     #[test]
     fn statuses_and_reasons() {
-        assert_eq!(reason_of(ProbeState::Failed), "PodProbeFailed");
-        assert_eq!(reason_of(ProbeState::Unknown), "PodProbeUnknown");
+        assert_eq!(ProbeState::Failed.condition_reason(), "PodProbeFailed");
+        assert_eq!(ProbeState::Unknown.condition_reason(), "PodProbeUnknown");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use podprobe_protocol::event;
 
 use crate::runner::{ProbeState, Transition};
 
-/// The `reason` of an Event (not of a condition: those are `condition::reason_of`'s).
+/// The `reason` of an Event (not of a condition: those are `ProbeState::condition_reason`'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventReason {
     /// A probe's state became Succeeded (kruise-daemon's reason).

@@ -8,6 +8,12 @@ pub const STATE_SUCCEEDED: &str = ProbeState::Succeeded.as_str();
 /// `markerPolicy.state` for a probe that failed (pod condition `False`).
 pub const STATE_FAILED: &str = ProbeState::Failed.as_str();
 
+/// The `reason` of a probe's pod condition in each state (its Events have their own reasons:
+/// [`crate::event`]).
+pub const CONDITION_REASON_SUCCEEDED: &str = "PodProbeSucceeded";
+pub const CONDITION_REASON_FAILED: &str = "PodProbeFailed";
+pub const CONDITION_REASON_UNKNOWN: &str = "PodProbeUnknown";
+
 /// The state a probe publishes. `Unknown` is a condition status only: no marker policy
 /// selects it, so markers stay as they are until the probe decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -32,6 +38,15 @@ impl ProbeState {
             ProbeState::Succeeded => "True",
             ProbeState::Failed => "False",
             ProbeState::Unknown => "Unknown",
+        }
+    }
+
+    /// The `reason` the sidecar gives the condition in this state.
+    pub const fn condition_reason(self) -> &'static str {
+        match self {
+            ProbeState::Succeeded => CONDITION_REASON_SUCCEEDED,
+            ProbeState::Failed => CONDITION_REASON_FAILED,
+            ProbeState::Unknown => CONDITION_REASON_UNKNOWN,
         }
     }
 
