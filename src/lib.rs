@@ -8,6 +8,7 @@
 //! - [`condition`]: transitions to pod conditions and the status patch;
 //! - [`pod`]: the sidecar's view of its pod (apiserver watch or downward-API file);
 //! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
+//! - [`failures`]: how a run of failed apiserver requests is logged;
 //! - [`sidecar`], [`check`], `demo`: the `run`, `check` and `demo` commands (`demo` with the
 //!   default feature `demo` only; the shipped sidecar leaves it out).
 
@@ -18,6 +19,7 @@ pub mod condition;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod events;
+pub mod failures;
 pub mod metrics;
 pub mod pod;
 pub mod probe;

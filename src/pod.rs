@@ -10,7 +10,6 @@ pub use status::{Read, StatusReader, StatusReads};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
@@ -19,10 +18,10 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 use crate::annotation::{self, PODPROBE_ANNOTATION, PodContainers};
 use crate::condition::writer::ApiserverAnswered;
+use crate::failures::{FailureRun, Loudness};
 use crate::runner::ContainerView;
 
 /// Where the pod's annotation comes from.
@@ -292,38 +291,31 @@ pub async fn watch_api(
 /// The pod watch's backoff (shared with the manager's watches: `podprobe_ops::backoff`).
 pub use podprobe_ops::backoff::WatchBackoff;
 
-/// The watch's failures in a row: one warning when it starts failing, one per minute while it
-/// goes on, one line when it is back.
+/// The watch's failures in a row, logged as [`FailureRun`] says.
 #[derive(Debug, Default)]
-struct FailingWatch {
-    since: Option<(Instant, u32)>,
-    logged_at: Option<Instant>,
-}
+struct FailingWatch(FailureRun);
 
 impl FailingWatch {
     fn failed(&mut self, pod: &str, error: &watcher::Error) {
-        let now = Instant::now();
-        let (since, attempts) = self.since.get_or_insert((now, 0));
-        *attempts += 1;
-        let (since, attempts) = (*since, *attempts);
-        if self
-            .logged_at
-            .is_none_or(|at| now.duration_since(at) >= Duration::from_secs(60))
-        {
-            self.logged_at = Some(now);
-            tracing::warn!(pod = %pod, "watching the pod failed ({attempts} attempts over {:.0?}), retrying with backoff: {error}", now.duration_since(since));
-        } else {
-            tracing::debug!(pod = %pod, "watching the pod failed, retrying with backoff: {error}");
+        match self.0.failed() {
+            Loudness::First => {
+                tracing::warn!(pod = %pod, "watching the pod failed, retrying with backoff: {error}")
+            }
+            Loudness::Still { attempts, over } => {
+                tracing::warn!(pod = %pod, "watching the pod still fails ({attempts} attempts over {over:.0?}), retrying with backoff: {error}")
+            }
+            Loudness::Quiet => {
+                tracing::debug!(pod = %pod, "watching the pod failed, retrying with backoff: {error}")
+            }
         }
     }
 
     /// Records an answer; whether the watch was failing until now.
     fn answered(&mut self, pod: &str) -> bool {
-        self.logged_at = None;
-        let Some((since, attempts)) = self.since.take() else {
+        let Some((attempts, over)) = self.0.succeeded() else {
             return false;
         };
-        tracing::info!(pod = %pod, "the apiserver answers the pod watch again after {attempts} failed attempts over {:.1?}", since.elapsed());
+        tracing::info!(pod = %pod, "the apiserver answers the pod watch again after {attempts} failed attempts over {over:.1?}");
         true
     }
 }

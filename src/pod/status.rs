@@ -22,6 +22,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::{PodIdentity, PodView};
+use crate::failures::{FailureRun, Loudness};
 use crate::runner::ContainerView;
 
 /// The least time between two reads asked for by probe failures.
@@ -66,7 +67,7 @@ pub struct StatusReader {
     pods: Api<Pod>,
     identity: PodIdentity,
     tx: watch::Sender<PodView>,
-    last_error: Option<String>,
+    failing: FailureRun,
 }
 
 impl std::fmt::Debug for StatusReader {
@@ -83,7 +84,7 @@ impl StatusReader {
             pods: Api::namespaced(client, &identity.namespace),
             identity,
             tx,
-            last_error: None,
+            failing: FailureRun::default(),
         }
     }
 
@@ -93,8 +94,10 @@ impl StatusReader {
             Ok(pod) => pod,
             Err(e) => return self.failed(&e),
         };
-        if self.last_error.take().is_some() {
-            tracing::info!("reading the pod's status through the apiserver works again");
+        if let Some((attempts, over)) = self.failing.succeeded() {
+            tracing::info!(
+                "the pod's status read works again after {attempts} failed attempts over {over:.1?}"
+            );
         }
         if let (Some(ours), Some(theirs)) = (&self.identity.uid, &pod.metadata.uid)
             && ours != theirs
@@ -145,12 +148,14 @@ impl StatusReader {
                 Read::Stop
             }
             _ => {
-                let text = error.to_string();
-                if self.last_error.as_deref() != Some(text.as_str()) {
-                    tracing::warn!(
-                        "cannot read the pod's status through the apiserver, retrying: {text}"
-                    );
-                    self.last_error = Some(text);
+                match self.failing.failed() {
+                    Loudness::First => tracing::warn!(
+                        "cannot read the pod's status through the apiserver, retrying: {error}"
+                    ),
+                    Loudness::Still { attempts, over } => tracing::warn!(
+                        "reading the pod's status still fails ({attempts} attempts over {over:.0?}), retrying: {error}"
+                    ),
+                    Loudness::Quiet => tracing::debug!("reading the pod's status failed: {error}"),
                 }
                 Read::Unsettled
             }

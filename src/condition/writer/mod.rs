@@ -21,6 +21,7 @@ mod failure;
 mod state;
 
 use super::{FIELD_MANAGER, status_patch};
+use crate::failures::{FailureRun, Loudness};
 use crate::metrics::Metrics;
 use failure::{cannot_answer, classify, explain, jitter};
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
@@ -72,9 +73,6 @@ impl ApiserverAnswered {
 /// How far the writes released by [`ApiserverAnswered`] are spread: pods whose watches come
 /// back in the same instant do not all write in it.
 const RELEASE_SPREAD: Duration = Duration::from_secs(1);
-
-/// While writes keep failing, one warning per this interval (the first at once).
-const FAILING_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// One change to one condition of the pod: what a patch carries per condition type.
 #[derive(Debug, Clone, PartialEq)]
@@ -161,7 +159,7 @@ impl ConditionWriter {
             backoff: config.backoff_min,
             coalesce: true,
             isolate: false,
-            failing: None,
+            failing: FailureRun::default(),
         };
         (ConditionWriter { shared }, tokio::spawn(writer.run()))
     }
@@ -250,20 +248,12 @@ struct WriteLoop {
     shared: Arc<Shared>,
     answered: ApiserverAnswered,
     backoff: Duration,
-    failing: Option<Failing>,
+    failing: FailureRun,
     /// Wait the coalescing window before the next patch (not when retrying or isolating).
     coalesce: bool,
     /// After a 422 for a batch: send one condition per patch until the pending set drains, so
     /// the one the apiserver refuses cannot hold back the others.
     isolate: bool,
-}
-
-/// Writes failing in a row, for logs that say what happened without a line per attempt.
-#[derive(Debug, Clone, Copy)]
-struct Failing {
-    since: Instant,
-    attempts: u32,
-    logged_at: Instant,
 }
 
 /// What the loop should do next.
@@ -353,10 +343,9 @@ impl WriteLoop {
     fn accepted(&mut self, batch: &[ConditionWrite]) {
         self.metrics.write_ok();
         let types: Vec<&str> = batch.iter().map(ConditionWrite::condition_type).collect();
-        if let Some(failing) = self.failing.take() {
+        if let Some((attempts, over)) = self.failing.succeeded() {
             tracing::info!(pod = %self.name, conditions = ?types,
-                "conditions written again after {} failed attempts over {:.1?}",
-                failing.attempts, failing.since.elapsed());
+                "conditions written again after {attempts} failed attempts over {over:.1?}");
         }
         tracing::debug!(pod = %self.name, conditions = ?types, "conditions written");
         let mut state = lock(&self.shared);
@@ -429,25 +418,15 @@ impl WriteLoop {
         }
     }
 
-    /// The first failure in a row at once, then one line per [`FAILING_LOG_INTERVAL`]:
-    /// during an outage every pod retries every few seconds.
+    /// Logged as [`FailureRun`] says: during an outage every pod retries every few seconds.
     fn log_failure(&mut self, code: Option<u16>, error: &kube::Error) {
-        let now = Instant::now();
-        let failing = self.failing.get_or_insert(Failing {
-            since: now,
-            attempts: 0,
-            logged_at: now,
-        });
-        failing.attempts += 1;
         let message = explain(&self.name, code, error);
-        if failing.attempts == 1 {
-            tracing::warn!(pod = %self.name, "{message}");
-        } else if now.duration_since(failing.logged_at) >= FAILING_LOG_INTERVAL {
-            failing.logged_at = now;
-            tracing::warn!(pod = %self.name, "still failing after {} attempts over {:.0?}: {message}",
-                failing.attempts, now.duration_since(failing.since));
-        } else {
-            tracing::debug!(pod = %self.name, "{message}");
+        match self.failing.failed() {
+            Loudness::First => tracing::warn!(pod = %self.name, "{message}"),
+            Loudness::Still { attempts, over } => {
+                tracing::warn!(pod = %self.name, "still failing after {attempts} attempts over {over:.0?}: {message}")
+            }
+            Loudness::Quiet => tracing::debug!(pod = %self.name, "{message}"),
         }
     }
 }
