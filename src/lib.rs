@@ -6,7 +6,8 @@
 //! - [`probe`]: one attempt of an exec, tcpSocket, httpGet or grpc probe;
 //! - [`runner`]: workers with timing, thresholds and state;
 //! - [`condition`]: transitions to pod conditions and the status patch;
-//! - [`pod`]: the sidecar's view of its pod (apiserver watch or downward-API file);
+//! - [`pod`]: the sidecar's view of its pod (apiserver watch, or downward-API file and status
+//!   reads);
 //! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
 //! - [`failures`]: how a run of failed apiserver requests is logged;
 //! - [`sidecar`], [`check`], `demo`: the `run`, `check` and `demo` commands (`demo` with the
@@ -24,5 +25,4 @@ pub mod metrics;
 pub mod pod;
 pub mod probe;
 pub mod runner;
-pub mod shutdown;
 pub mod sidecar;

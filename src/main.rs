@@ -13,6 +13,7 @@ use podprobe::check::{self, CheckOptions};
 use podprobe::events::EventBudget;
 use podprobe::pod::PodIdentity;
 use podprobe::sidecar::{self, RepairPolicy, SidecarOptions};
+use podprobe_ops::entry::{self, LogFormat};
 
 /// Runs OpenKruise PodProbeMarker probes (the kruise.io/podprobe annotation) from inside a pod
 /// and writes their results as pod conditions.
@@ -29,12 +30,6 @@ struct Cli {
 
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -265,24 +260,13 @@ impl From<Repair> for RepairPolicy {
     }
 }
 
-fn init_logging(level: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only for a person at a terminal; container logs stay plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_level, cli.log_format);
+    if let Err(e) = entry::init_logging(&cli.log_level, cli.log_format) {
+        // A typo in a log filter must not stop probing: a crash-looping sidecar probes nothing.
+        let _ = entry::init_logging("info", cli.log_format);
+        tracing::warn!("{e}; logging at info");
+    }
     // One thread is plenty: probes wait on sockets and child processes, never on the CPU, and
     // every extra thread costs the sidecar memory (stacks, allocator arenas) in every pod.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -302,7 +286,10 @@ fn main() -> ExitCode {
                 ExitCode::from(2)
             }),
             Command::Run(args) => {
-                match sidecar::run(args.into(), podprobe::shutdown::termination()).await {
+                let stop = async {
+                    entry::termination().await;
+                };
+                match sidecar::run(args.into(), stop).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
                         tracing::error!("{e}");

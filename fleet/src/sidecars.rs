@@ -154,13 +154,10 @@ pub async fn host(spec: PathBuf) -> Result<(), FleetError> {
         let options = options(&pod, spec.source, spec.event_burst, spec.overwrite_repair);
         tasks.spawn(async move {
             let name = options.identity.name.clone();
-            if let Err(e) = podprobe::sidecar::run_with_config(
-                options,
-                config,
-                podprobe::shutdown::termination(),
-            )
-            .await
-            {
+            let stop = async {
+                podprobe_ops::entry::termination().await;
+            };
+            if let Err(e) = podprobe::sidecar::run_with_config(options, config, stop).await {
                 tracing::error!(pod = name, "sidecar ended: {e}");
             }
         });

@@ -1,5 +1,9 @@
-//! The `podprobe-manager` command line: offline commands built on the pure core. `main.rs`
-//! only parses and prints; everything here returns text so it can be tested.
+//! The `podprobe-manager` command line: its flags, and the offline commands built on the pure
+//! core, which return text so they can be tested. [`main`] dispatches every command.
+
+mod entry;
+
+pub use entry::main;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -139,7 +143,7 @@ pub fn run(command: &Command) -> Result<Printed, CliError> {
         }),
         Command::Render(args) => render(args),
         Command::CheckMarkers(args) => check_markers(args),
-        // Long-running and asynchronous: `main` runs it through `crate::run::main`.
+        // Long-running and asynchronous: [`main`] runs them.
         Command::Run(_) => Err(CliError::Output("`run` is not an offline command".into())),
         Command::CheckWebhooks(_) => Err(CliError::Output(
             "`check-webhooks` is not an offline command".into(),

@@ -29,7 +29,8 @@ use crate::{metrics, pods, status, webhook};
 
 mod options;
 
-pub use options::{LeaderOptions, LogFormat, ModeArg, Options, RunArgs};
+pub use options::{LeaderOptions, ModeArg, Options, RunArgs};
+pub use podprobe_ops::entry::LogFormat;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -355,34 +356,12 @@ async fn ready_once_synced(
     }
 }
 
-/// Resolves with the name of the signal that asks the manager to stop: SIGTERM (what the
-/// kubelet sends) or SIGINT (Ctrl-C). If SIGTERM cannot be listened for, a warning says so and
-/// only Ctrl-C counts.
-pub async fn termination() -> &'static str {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut sigterm = signal(SignalKind::terminate())
-        .inspect_err(|e| {
-            tracing::warn!("cannot listen for SIGTERM ({e}); only Ctrl-C stops the manager")
-        })
-        .ok();
-    let sigterm_received = async {
-        match &mut sigterm {
-            Some(sigterm) => sigterm.recv().await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = sigterm_received => "SIGTERM",
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-    }
-}
-
 /// The binary's `run`: start, wait for SIGTERM, shut down gracefully (at most 25 s).
 pub async fn main(args: &RunArgs) -> Result<(), RunError> {
     let options = Options::from_args(args)?;
     let client = Client::try_default().await?;
     let manager = Manager::start(client, options).await?;
-    let signal = termination().await;
+    let signal = podprobe_ops::entry::termination().await;
     tracing::info!("{signal}: shutting down");
     if tokio::time::timeout(Duration::from_secs(25), manager.shutdown())
         .await

@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use podprobe_ops::entry::LogFormat;
+
 use crate::config::InjectionConfig;
 use crate::leader::default_identity;
 use crate::pods::{MarkerScope, parse_selector};
@@ -103,13 +105,6 @@ pub struct RunArgs {
     /// for log collectors).
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-/// `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 /// Leader election settings; `None` in [`Options`] = always lead.

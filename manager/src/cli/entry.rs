@@ -1,0 +1,81 @@
+//! Every command of `podprobe-manager`, dispatched in one place: the offline ones print what
+//! [`super::run`] returns; `run` and `check-webhooks` get a runtime (and `run` its logging).
+
+use podprobe_ops::entry::init_logging;
+
+use super::{Cli, Command, run};
+use crate::check::{self, CheckError, CheckWebhooksArgs};
+use crate::run::RunArgs;
+
+/// Runs the parsed command line; the process's exit code.
+pub fn main(cli: Cli) -> i32 {
+    match &cli.command {
+        Command::Run(args) => serve(args),
+        Command::CheckWebhooks(args) => check_webhooks(args),
+        offline => match run(offline) {
+            Ok(printed) => {
+                for note in &printed.notes {
+                    eprintln!("note: {note}");
+                }
+                print!("{}", printed.stdout);
+                0
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                e.exit_code()
+            }
+        },
+    }
+}
+
+/// The runtime `builder` makes, or `None` after saying why it could not.
+fn runtime(mut builder: tokio::runtime::Builder) -> Option<tokio::runtime::Runtime> {
+    match builder.enable_all().build() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            None
+        }
+    }
+}
+
+fn serve(args: &RunArgs) -> i32 {
+    if let Err(e) = init_logging(&args.log_level, args.log_format) {
+        eprintln!("error: {e}");
+        return 2;
+    }
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_multi_thread()) else {
+        return 1;
+    };
+    match runtime.block_on(crate::run::main(args)) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            2
+        }
+    }
+}
+
+fn check_webhooks(args: &CheckWebhooksArgs) -> i32 {
+    // One request a second: one thread is plenty.
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_current_thread()) else {
+        return 1;
+    };
+    match runtime.block_on(check::main(args)) {
+        Ok(took) => {
+            println!(
+                "the apiserver reached the PodProbeMarker webhook (after {:.1} s)",
+                took.as_secs_f64()
+            );
+            0
+        }
+        Err(e @ CheckError::Client(_)) => {
+            eprintln!("error: {e}");
+            2
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    }
+}
