@@ -12,12 +12,13 @@ use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
+use crate::admission::{self, Injection};
 use crate::config::{ConfigError, InjectionConfig};
 use crate::crd::PodProbeMarker;
 use crate::manifest::{self, ManifestError};
 use crate::patch::PatchError;
 use crate::validate::{ValidationErrors, validate};
-use crate::{annotate, inject, markers};
+use crate::{inject, markers};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -188,54 +189,36 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
         .map(InjectionConfig::from_file)
         .transpose()?;
     let (pod, ppms) = load(&args.input)?;
+    let namespace_labels: BTreeMap<String, String> =
+        args.namespace_labels.iter().cloned().collect();
+    let injection = config.as_ref().map(|config| Injection {
+        config,
+        namespace_labels: Some(&namespace_labels),
+        native_sidecars_supported: args.native_sidecars,
+        // No admission request: the token Secret (virtual-node shape) gets a fixed name.
+        request_uid: "",
+    });
+    // As the webhook in standalone mode (in companion mode OpenKruise writes the annotations).
+    let mutation = admission::mutate(&pod, &ppms, true, injection);
     let mut notes = Vec::new();
-    let annotations = annotate::compute(&pod, &ppms);
-    let mut ops = match &annotations {
-        Some(a) => annotate::patch_ops(&pod, a),
-        None => {
-            notes.push("no probe accepted (no matching marker, podConditionType or container): annotations left unchanged".into());
-            vec![]
-        }
-    };
+    if mutation.annotations.is_none() {
+        notes.push("no probe accepted (no matching marker, podConditionType or container): annotations left unchanged".into());
+    }
     if let Some(config) = &config {
-        let condition_types: Vec<String> = annotations
-            .as_ref()
-            .and_then(|a| {
-                serde_json::from_str::<Vec<podprobe_protocol::annotation::PodContainerProbe>>(
-                    &a.probes,
-                )
-                .ok()
-            })
-            .unwrap_or_default()
-            .into_iter()
-            .map(|p| p.pod_condition_type)
-            .filter(|c| !c.is_empty())
-            .collect();
-        let namespace_labels: BTreeMap<String, String> =
-            args.namespace_labels.iter().cloned().collect();
-        let ctx = inject::InjectContext {
-            namespace_labels: Some(&namespace_labels),
-            native_sidecars_supported: args.native_sidecars,
-            probe_condition_types: &condition_types,
-            // No admission request: the token Secret (virtual-node shape) gets a fixed name.
-            request_uid: "",
-        };
-        let injected = inject::inject_ops(&pod, config, &ctx);
-        if let (false, Some(spec)) = (injected.is_empty(), &pod.spec) {
-            notes.push(format!(
+        notes.push(if let (true, Some(spec)) = (mutation.injected, &pod.spec) {
+            format!(
                 "sidecar injected in the {} shape ({})",
                 inject::shape::of(spec, config).as_str(),
                 inject::shape::explain(spec, config)
-            ));
-        }
-        if injected.is_empty() {
-            notes.push(format!(
+            )
+        } else {
+            format!(
                 "sidecar not injected: the pod is not opted in (label {}=enabled on the pod or, via --namespace-label, its namespace) or already has container {:?}",
                 config.inject_label, config.container_name
-            ));
-        }
-        ops.extend(injected);
+            )
+        });
     }
+    let ops = mutation.ops;
     let mut doc = serde_json::to_value(&pod).map_err(|e| CliError::Output(e.to_string()))?;
     crate::patch::apply(&mut doc, &ops)?;
     Ok(Printed {

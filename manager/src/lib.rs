@@ -3,6 +3,8 @@
 //! PodProbeMarker's pure core is the `podprobe-model` crate, re-exported here under the same
 //! names ([`crd`], [`selector`], [`annotate`], [`gojson`], [`markers`], [`validate`],
 //! [`patch`]); the kubectl plugin shares it. This crate adds:
+//! - [`admission`]: what admission does to a pod (annotations and sidecar), for the webhook
+//!   and `render`;
 //! - [`config`], [`inject`]: sidecar injection settings and patch;
 //! - [`manifest`], [`cli`]: the offline commands.
 //!
@@ -16,6 +18,7 @@
 //! - [`leader`]: Lease-based leader election;
 //! - [`metrics`]: Prometheus metrics, health and readiness.
 
+pub mod admission;
 pub mod cache;
 pub mod check;
 pub mod cli;

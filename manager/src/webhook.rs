@@ -27,19 +27,18 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::reflector::Store;
-use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::{self, Injection};
 use crate::cache::{PpmCache, namespace_labels};
 use crate::config::InjectionConfig;
 use crate::crd::PodProbeMarker;
-use crate::inject::{InjectContext, inject_ops};
 use crate::metrics::Metrics;
 use crate::patch::{PatchOp, to_json_patch};
-use crate::{annotate, validate};
+use crate::validate;
 
 pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
 pub const VALIDATE_PPM_PATH: &str = "/validate-podprobemarkers";
@@ -112,15 +111,6 @@ fn bad_request(message: String) -> Answer {
     }
 }
 
-/// The `podConditionType`s of the probes in a `kruise.io/podprobe` value.
-fn condition_types(probes_json: &str) -> Vec<String> {
-    serde_json::from_str::<Vec<Value>>(probes_json)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|p| p.get("podConditionType")?.as_str().map(str::to_owned))
-        .collect()
-}
-
 impl Webhooks {
     /// Answer one HTTP request body for `path`.
     pub fn handle(&self, path: &str, body: &[u8]) -> Answer {
@@ -178,29 +168,17 @@ impl Webhooks {
             .or_else(|| pod.metadata.namespace.clone())
             .unwrap_or_else(|| "default".into());
         let ppms = self.ppms.namespace(&namespace);
-        let computed = annotate::compute(&pod, &ppms);
-        let mut ops = match (&computed, self.mode) {
-            (Some(a), Mode::Standalone) => annotate::patch_ops(&pod, a),
-            _ => vec![],
-        };
-        if let Some(config) = &self.injection {
-            let conditions = computed
-                .as_ref()
-                .map(|a| condition_types(&a.probes))
-                .unwrap_or_default();
-            let labels: Option<BTreeMap<String, String>> = self
-                .namespaces
-                .as_ref()
-                .and_then(|s| namespace_labels(s, &namespace));
-            let ctx = InjectContext {
-                namespace_labels: labels.as_ref(),
-                native_sidecars_supported: self.native_sidecars_supported,
-                probe_condition_types: &conditions,
-                request_uid: &req.uid,
-            };
-            ops.extend(inject_ops(&pod, config, &ctx));
-        }
-        Ok(ops)
+        let labels: Option<BTreeMap<String, String>> = self
+            .namespaces
+            .as_ref()
+            .and_then(|s| namespace_labels(s, &namespace));
+        let injection = self.injection.as_ref().map(|config| Injection {
+            config,
+            namespace_labels: labels.as_ref(),
+            native_sidecars_supported: self.native_sidecars_supported,
+            request_uid: &req.uid,
+        });
+        Ok(admission::mutate(&pod, &ppms, self.mode == Mode::Standalone, injection).ops)
     }
 
     fn handle_validate(&self, body: &[u8]) -> Answer {
