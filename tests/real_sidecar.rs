@@ -359,21 +359,7 @@ async fn a_deleted_pods_token_stops_working_and_the_sidecar_says_why() {
     std::fs::write(&flag, "up").unwrap();
     let annotation = array(&[file_probe("p", "c/p", &flag)]);
     let pod = cluster.create_pod("gs-t", &annotation, json!([])).await;
-    let annotations = cluster.annotations_file(&annotation);
-    let uid = pod.metadata.uid.clone().unwrap();
-    let sidecar = cluster
-        .sidecar(
-            &pod,
-            &[
-                "--source",
-                "file",
-                "--annotations-file",
-                annotations.to_str().unwrap(),
-                "--pod-uid",
-                &uid,
-            ],
-        )
-        .await;
+    let sidecar = cluster.file_source_sidecar(&pod, &annotation, &[]).await;
     cluster
         .wait_pod("gs-t", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;

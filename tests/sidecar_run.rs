@@ -243,20 +243,7 @@ async fn the_file_source_reads_its_containers_status_when_probing_needs_it() {
         .create(&Default::default(), &pod)
         .await
         .unwrap();
-    let annotations = cluster.annotations_file(&annotation);
-    let sidecar = cluster
-        .sidecar(
-            &pod,
-            &[
-                "--source",
-                "file",
-                "--annotations-file",
-                annotations.to_str().unwrap(),
-                "--pod-uid",
-                pod.metadata.uid.as_deref().unwrap(),
-            ],
-        )
-        .await;
+    let sidecar = cluster.file_source_sidecar(&pod, &annotation, &[]).await;
     let reads = || cluster.proxy.journal().count("GET", "pods/gs-r");
     // Reads at start, 1 s and 3 s later, and 7 s later: the probe's initial delay (from the
     // sidecar's start, were the status unknown) is long past, and it has not run.
@@ -274,17 +261,7 @@ async fn the_file_source_reads_its_containers_status_when_probing_needs_it() {
     let pod = cluster
         .wait_pod("gs-r", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
-    let probed = condition(&pod, "c/p")
-        .unwrap()
-        .last_probe_time
-        .clone()
-        .unwrap()
-        .0;
-    let started = podprobe::condition::kube_time(started_at).0;
-    assert!(
-        probed.duration_since(started).as_secs() >= 3,
-        "probed before the initial delay from startedAt: {started} → {probed}"
-    );
+    assert_probed_after_initial_delay(&pod, "c/p", started_at, 3);
     let settled_reads = reads();
 
     // The container stops (the kubelet's whole-status update), and so its probe fails: the
@@ -378,18 +355,7 @@ async fn container_not_running_and_restarted() {
     let pod = cluster
         .wait_pod("gs-c", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
-    // startedAt has whole-second precision, so the delay counts from the truncated second.
-    let started = podprobe::condition::kube_time(restarted_at).0;
-    let probed = condition(&pod, "c/p")
-        .unwrap()
-        .last_probe_time
-        .clone()
-        .unwrap()
-        .0;
-    assert!(
-        probed.duration_since(started).as_secs() >= 3,
-        "probed before the initial delay: {started} → {probed}"
-    );
+    assert_probed_after_initial_delay(&pod, "c/p", restarted_at, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -552,5 +518,26 @@ current-context: x
         sidecar.child.try_wait().unwrap().is_none(),
         "the sidecar exited: {}",
         sidecar.log()
+    );
+}
+
+/// `condition_type`'s last probe came at least `delay_seconds` after the container's
+/// `started_at` (whole seconds on the wire: the delay counts from the truncated second).
+fn assert_probed_after_initial_delay(
+    pod: &Pod,
+    condition_type: &str,
+    started_at: jiff::Timestamp,
+    delay_seconds: i64,
+) {
+    let started = podprobe::condition::kube_time(started_at).0;
+    let probed = condition(pod, condition_type)
+        .unwrap()
+        .last_probe_time
+        .clone()
+        .unwrap()
+        .0;
+    assert!(
+        probed.duration_since(started).as_secs() >= delay_seconds,
+        "probed before the initial delay from startedAt: {started} → {probed}"
     );
 }

@@ -200,6 +200,27 @@ impl Cluster {
         start_sidecar(self.dir.path(), &kubeconfig, name, extra)
     }
 
+    /// `podprobe run --source file` for `pod` (a token bound to it, through the fault proxy):
+    /// `annotation` in its downward-API file, its uid given as the downward API gives it.
+    pub async fn file_source_sidecar(
+        &self,
+        pod: &Pod,
+        annotation: &str,
+        extra: &[&str],
+    ) -> Sidecar {
+        let annotations = self.annotations_file(annotation);
+        let mut args = vec![
+            "--source",
+            "file",
+            "--annotations-file",
+            annotations.to_str().unwrap(),
+            "--pod-uid",
+            pod.metadata.uid.as_deref().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        self.sidecar(pod, &args).await
+    }
+
     /// `podprobe run` as `pod` for as long as the test likes, also after the pod is gone: the
     /// downward-API file source (nothing follows the pod) and a plain token of [`SIDECAR_SA`]
     /// (as from a mounted Secret), which, unlike a pod-bound one, outlives the pod.
