@@ -381,3 +381,25 @@ fn the_by_hand_sidecar_example_is_a_valid_pod() {
         .collect();
     assert_eq!(env, ["POD_NAME", "POD_NAMESPACE", "POD_UID", "POD_IP"]);
 }
+
+/// A bad `--log-level` is said, and logging goes on at info: a sidecar that exited on a typo
+/// in its log filter would crash-loop and probe nothing.
+#[test]
+fn a_bad_log_level_is_said_and_the_command_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let value = annotation(&[entry("t", "c", r#"{"exec":{"command":["true"]}}"#)]);
+    let path = write_temp(&dir, "ok.json", &value);
+    let out = Command::new(env!("CARGO_BIN_EXE_podprobe"))
+        .args(["--log-level", "podprobe=loud", "check", "--once", &path])
+        .env_remove("RUST_LOG")
+        .env_remove("PODPROBE_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run podprobe");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains(r#"--log-level "podprobe=loud""#) && err.contains("logging at info"),
+        "{err}"
+    );
+}
