@@ -7,8 +7,9 @@
 //! on the apiserver for every pod: docs/scale.md), the pod is read when its status matters: at
 //! start, again while a probed container has not started (1 s, doubling to 30 s), and
 //! [`AFTER_FAILURE`] after a probe turns `Failed` (its container may have stopped or
-//! restarted), at most once every [`MIN_SPACING`]. A steady pod reads nothing, and its
-//! connection closes between reads.
+//! restarted) or recovers from `Failed` (its container may be a new one, which the kubelet
+//! had not reported yet when the failure was read), at most once every [`MIN_SPACING`]. A
+//! steady pod reads nothing, and its connection closes between reads.
 //!
 //! The pod's conditions are not taken from these reads: they would be stale between them, and
 //! repairing from a stale view would write back what nobody removed.
@@ -28,7 +29,7 @@ use crate::runner::ContainerView;
 /// The least time between two reads asked for by probe failures.
 pub const MIN_SPACING: Duration = Duration::from_secs(5);
 
-/// How long after a probe turned `Failed` the pod is read: a probe notices a dead container
+/// How long after a probe turned `Failed` (or recovered) the pod is read: a probe notices a dead container
 /// within its period, the kubelet within its 1 s relist and reports the container stopped or
 /// restarted right after; read at once, the status would often still show the old container.
 pub const AFTER_FAILURE: Duration = Duration::from_secs(2);

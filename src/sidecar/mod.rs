@@ -1,6 +1,7 @@
 //! `podprobe run`: the sidecar. Reads its pod (apiserver watch or downward-API file), keeps one
 //! worker per probe in line with the annotation, and writes results as pod conditions.
 
+mod drift;
 mod probing;
 mod repair;
 

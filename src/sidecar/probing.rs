@@ -1,5 +1,6 @@
 //! The sidecar's loop: follows the pod's views, keeps one worker per probe in line with the
-//! annotation, turns results into conditions for the writer, refreshes and repairs them.
+//! annotation, turns results into conditions for the writer, refreshes them, and writes back
+//! what [`Drift`] finds overwritten.
 
 use std::time::Duration;
 
@@ -9,15 +10,15 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::repair::{Repairs, Seen};
+use super::drift::{Drift, Found};
 use super::{SidecarOptions, event_sink, refresh_check_period};
 use crate::annotation::{self, PodContainers};
 use crate::apiserver::Clients;
+use crate::condition::ConditionBook;
 use crate::condition::writer::{ApiserverAnswered, ConditionWriter, WriterConfig};
-use crate::condition::{ConditionBook, FIELD_MANAGER};
 use crate::events::EventSink;
 use crate::metrics::Metrics;
-use crate::pod::{PodView, StatusReads, StatusWriter};
+use crate::pod::{PodView, StatusReads};
 use crate::probe::{ApiExec, ExecConfig, Prober};
 use crate::runner::{ProbeId, ProbeState, Runner, RunnerConfig, WorkerReport};
 
@@ -26,9 +27,8 @@ pub(super) struct Sidecar {
     runner: Option<Runner>,
     /// Results published, and the pod's conditions as last seen.
     book: ConditionBook,
-    /// Whether views show the pod's conditions (apiserver source), so overwrites can be seen.
-    sees_conditions: bool,
-    status_writers: Vec<StatusWriter>,
+    /// Overwrites of the published conditions, and when to write them back.
+    drift: Drift,
     last_annotation: Option<String>,
     /// The containers and ports the probes were last applied with (the file source learns
     /// them from its first status read).
@@ -46,7 +46,6 @@ pub(super) struct Sidecar {
     uid: watch::Sender<Option<String>>,
     events: EventSink,
     reports: mpsc::Sender<WorkerReport>,
-    repairs: Repairs,
     stopped: bool,
 }
 
@@ -82,14 +81,13 @@ impl Sidecar {
             )),
         };
         let (reports, reports_rx) = mpsc::channel(1024);
-        let repairs = Repairs::new(options.overwrite_repair);
+        let drift = Drift::new(options.overwrite_repair);
         let sidecar = Sidecar {
             events: event_sink(client, &options),
             options,
             runner: None,
             book: ConditionBook::default(),
-            sees_conditions: false,
-            status_writers: Vec::new(),
+            drift,
             last_annotation: None,
             last_containers: None,
             status_reads,
@@ -100,7 +98,6 @@ impl Sidecar {
             writer_task,
             uid,
             reports,
-            repairs,
             stopped: false,
         };
         (sidecar, reports_rx)
@@ -119,7 +116,7 @@ impl Sidecar {
             tokio::time::interval(refresh_check_period(self.options.refresh_interval));
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let repair_due = self.repairs.next_due();
+            let repair_due = self.drift.next_due();
             tokio::select! {
                 view = next_view(&mut views) => match view {
                     Some(view) => self.on_view(&view),
@@ -154,11 +151,11 @@ impl Sidecar {
             self.stop("the pod is terminating; conditions are left as they are");
             return;
         }
-        if let Some(conditions) = &view.conditions {
-            self.book.observe(conditions);
-            self.sees_conditions = true;
-            self.status_writers.clone_from(&view.status_writers);
-        }
+        self.drift.view(
+            view.conditions.as_deref(),
+            &view.status_writers,
+            &mut self.book,
+        );
         let runner = self.runner(view);
         for (container, status) in &view.statuses {
             runner.set_container(container, status.clone());
@@ -246,7 +243,7 @@ impl Sidecar {
         }
         for condition_type in &applied.stopped {
             self.book.forget(condition_type);
-            self.repairs.forget(condition_type);
+            self.drift.forget(condition_type);
             if self.options.prune_conditions {
                 // Through the writer, so a result still waiting there cannot bring it back.
                 self.writer.delete(condition_type);
@@ -271,15 +268,19 @@ impl Sidecar {
                     "probe result changed"
                 );
                 self.events.transition(&t);
-                if t.state == ProbeState::Failed
+                let recovered = t.state == ProbeState::Succeeded
+                    && self
+                        .book
+                        .get(&t.probe.condition_type)
+                        .is_some_and(|c| c.status == ProbeState::Failed.condition_status());
+                if (t.state == ProbeState::Failed || recovered)
                     && let Some(reads) = &self.status_reads
                 {
-                    // Did its container stop or restart? The file does not say.
+                    // Did its container stop, or restart? The file does not say.
                     reads.request();
                 }
                 if let Some(condition) = self.book.record(&t) {
-                    self.repairs
-                        .changed(&t.probe.condition_type, Instant::now());
+                    self.drift.changed(&t.probe.condition_type, Instant::now());
                     self.writer.submit(condition);
                 }
             }
@@ -317,71 +318,57 @@ impl Sidecar {
         }
     }
 
-    /// Compares every owned condition with the pod as last seen; schedules repairs.
-    fn check_conditions(&mut self, now: Instant) {
-        let types: Vec<String> = self
-            .probes
+    fn owned(&self) -> Vec<String> {
+        self.probes
             .iter()
             .map(|p| p.condition_type.clone())
-            .collect();
-        for condition_type in types {
-            self.check_condition(&condition_type, now);
-        }
+            .collect()
     }
 
-    fn check_condition(&mut self, condition_type: &str, now: Instant) {
-        if self.stopped || !self.sees_conditions || self.book.get(condition_type).is_none() {
+    /// Compares every owned condition with the pod as last seen; schedules repairs.
+    fn check_conditions(&mut self, now: Instant) {
+        if self.stopped {
             return;
         }
-        let seen = match self.book.drifted(condition_type) {
-            Some(_) => Seen::Drifted,
-            None => Seen::Published,
-        };
-        let writing = self.writer.progress(condition_type);
-        let Some(overwrite) = self.repairs.observe(condition_type, seen, writing, now) else {
-            return;
-        };
-        self.metrics.overwritten(condition_type);
-        let who = match changed_by(&self.status_writers, condition_type) {
-            Some(manager) => format!("another writer ({manager})"),
-            None => "another writer (managedFields do not say which)".to_owned(),
-        };
-        let wait = overwrite.repair_at.duration_since(now);
-        if overwrite.streak == 1 {
-            tracing::warn!(condition = %condition_type,
-                "{who} removed or changed condition {condition_type}; writing it back in {wait:?}");
-            self.events.overwritten(condition_type, &who);
-        } else {
-            tracing::debug!(condition = %condition_type, streak = overwrite.streak,
-                "condition {condition_type} overwritten again by {who}; writing it back in {wait:?}");
-        }
+        let owned = self.owned();
+        let writer = &self.writer;
+        let found = self
+            .drift
+            .check(&owned, &self.book, |c| writer.progress(c), now);
+        self.tell(found);
     }
 
     fn repair_due(&mut self) {
         let now = Instant::now();
-        let (mut repair, recheck) = self.repairs.take_due(now);
-        if !repair.is_empty() {
-            // The overwrite that took these usually took the pod's other conditions too (a
-            // provider replaces the whole status): they go in the same patch, for no extra
-            // request, instead of each waiting its own, maybe backed-off, repair.
-            for probe in &self.probes {
-                let other = &probe.condition_type;
-                if !repair.contains(other) && self.book.drifted(other).is_some() {
-                    self.repairs.ride_along(other, now);
-                    repair.push(other.clone());
-                }
-            }
+        let owned = self.owned();
+        let writer = &self.writer;
+        let (write_backs, found) = self
+            .drift
+            .due(&owned, &self.book, |c| writer.progress(c), now);
+        for condition in write_backs {
+            self.writer.write_back(condition);
         }
-        for condition_type in repair {
-            if self.stopped || self.writer.progress(&condition_type).busy {
-                continue;
+        self.tell(found);
+    }
+
+    /// Counts, logs and tells (one Event per streak) the overwrites found.
+    fn tell(&mut self, found: Vec<Found>) {
+        for Found {
+            condition_type,
+            who,
+            wait,
+            streak,
+        } in found
+        {
+            self.metrics.overwritten(&condition_type);
+            if streak == 1 {
+                tracing::warn!(condition = %condition_type,
+                    "{who} removed or changed condition {condition_type}; writing it back in {wait:?}");
+                self.events.overwritten(&condition_type, &who);
+            } else {
+                tracing::debug!(condition = %condition_type, streak,
+                    "condition {condition_type} overwritten again by {who}; writing it back in {wait:?}");
             }
-            if let Some(condition) = self.book.drifted(&condition_type) {
-                self.writer.write_back(condition.clone());
-            }
-        }
-        for condition_type in recheck {
-            self.check_condition(&condition_type, now);
         }
     }
 
@@ -390,6 +377,7 @@ impl Sidecar {
             return;
         }
         self.stopped = true;
+        self.drift.stop();
         self.metrics.set_ready(false);
         if let Some(runner) = self.runner.as_mut() {
             runner.stop_all();
@@ -416,14 +404,4 @@ async fn sleep_until(at: Option<Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// Who changed a condition, where `managedFields` tell: the status manager, other than podprobe,
-/// that owns a field of its entry. A removed entry is owned by no one, so a removal is not told.
-fn changed_by(writers: &[StatusWriter], condition_type: &str) -> Option<String> {
-    writers
-        .iter()
-        .filter(|w| w.manager != FIELD_MANAGER && w.condition_types.contains(condition_type))
-        .max_by_key(|w| w.time)
-        .map(|w| w.manager.clone())
 }
