@@ -26,7 +26,7 @@ use super::{PodIdentity, PodView};
 use crate::failures::{FailureRun, Loudness};
 use crate::runner::ContainerView;
 
-/// The least time between two reads asked for by probe failures.
+/// The least time between two reads asked for by probes failing or recovering.
 pub const MIN_SPACING: Duration = Duration::from_secs(5);
 
 /// How long after a probe turned `Failed` (or recovered) the pod is read: a probe notices a dead container

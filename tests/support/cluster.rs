@@ -208,17 +208,26 @@ impl Cluster {
         annotation: &str,
         extra: &[&str],
     ) -> Sidecar {
+        let mut args = self.file_source_args(pod, annotation);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.sidecar(pod, &args).await
+    }
+
+    /// `--source file` with `annotation` in a downward-API file, and the pod's uid as the
+    /// downward API gives it.
+    fn file_source_args(&self, pod: &Pod, annotation: &str) -> Vec<String> {
         let annotations = self.annotations_file(annotation);
-        let mut args = vec![
+        [
             "--source",
             "file",
             "--annotations-file",
             annotations.to_str().unwrap(),
             "--pod-uid",
             pod.metadata.uid.as_deref().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        self.sidecar(pod, &args).await
+        ]
+        .map(str::to_owned)
+        .to_vec()
     }
 
     /// `podprobe run` as `pod` for as long as the test likes, also after the pod is gone: the
@@ -230,19 +239,9 @@ impl Cluster {
             .service_account_token(NS, SIDECAR_SA)
             .await
             .expect("service-account token");
-        let annotations = self.annotations_file(annotation);
-        self.sidecar_with_token(
-            pod.metadata.name.as_deref().unwrap(),
-            &token,
-            &[
-                "--source",
-                "file",
-                "--annotations-file",
-                annotations.to_str().unwrap(),
-                "--pod-uid",
-                pod.metadata.uid.as_deref().unwrap(),
-            ],
-        )
+        let args = self.file_source_args(pod, annotation);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.sidecar_with_token(pod.metadata.name.as_deref().unwrap(), &token, &args)
     }
 
     /// `annotation` as a downward-API annotations file holds it, for a sidecar that must go on
