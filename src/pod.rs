@@ -6,7 +6,7 @@ mod file;
 mod status;
 
 pub use file::{read_annotations_file, watch_file};
-pub use status::{Read, StatusReader, StatusReads};
+pub use status::{Read, ReadTriggers, StatusReader, StatusReads};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

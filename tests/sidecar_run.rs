@@ -224,7 +224,7 @@ async fn live_annotation_changes_take_effect_without_restart() {
 
 /// The file source has no watch, yet probes by the same container rules as the watch: it reads
 /// its pod while the container has not started (the probe waits, past its initial delay), and
-/// when a probe turns Failed (its container may be down: the probe says so), until the
+/// when a probe starts failing (its container may be down: the probe says so), until the
 /// restarted container has started.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_file_source_reads_its_containers_status_when_probing_needs_it() {
@@ -301,6 +301,50 @@ async fn the_file_source_reads_its_containers_status_when_probing_needs_it() {
         .await;
     cluster
         .wait_pod("gs-r", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+}
+
+/// A restart no probe fails on: in a real pod, a procfs exec into a container whose process is
+/// gone cannot run (here the command itself goes): an errored attempt, state unchanged. The
+/// error asks for a read, which shows the new container, and the probe starts over with
+/// `Unknown`. Without that read the worker would stay on the old container for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_source_reads_its_pod_when_an_attempt_cannot_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = Cluster::start().await;
+    let script = cluster.dir.path().join("alive.sh");
+    let install = || {
+        std::fs::write(&script, "#!/bin/sh\necho alive\n").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    install();
+    let annotation = array(&[json!({"name": "p", "containerName": "main",
+        "probe": {"exec": {"command": [script.to_str().unwrap()]}, "periodSeconds": 1},
+        "podConditionType": "c/p"})
+    .to_string()]);
+    let pod = cluster.create_pod("gs-e", &annotation, json!([])).await;
+    let sidecar = cluster.file_source_sidecar(&pod, &annotation, &[]).await;
+    cluster
+        .wait_pod("gs-e", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+    let reads = || cluster.proxy.journal().count("GET", "pods/gs-e");
+    let settled_reads = reads();
+
+    cluster
+        .kubelet_reports_started("gs-e", "containerd://main-2", jiff::Timestamp::now())
+        .await;
+    std::fs::remove_file(&script).unwrap();
+    sidecar
+        .wait_log("state=Unknown container restarted", LIMIT)
+        .await;
+    assert!(reads() > settled_reads);
+    let log = sidecar.log();
+    assert!(log.contains("probe attempt errored"), "{log}");
+    assert!(!log.contains("state=Failed"), "a probe failed:\n{log}");
+
+    install();
+    cluster
+        .wait_pod("gs-e", LIMIT, |p| has_status(p, "c/p", "True"))
         .await;
 }
 

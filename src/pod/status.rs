@@ -6,10 +6,10 @@
 //! Instead of a watch held for the pod's life (a connection, a cacheWatcher and its goroutines
 //! on the apiserver for every pod: docs/scale.md), the pod is read when its status matters: at
 //! start, again while a probed container has not started (1 s, doubling to 30 s), and
-//! [`AFTER_FAILURE`] after a probe turns `Failed` (its container may have stopped or
-//! restarted) or recovers from `Failed` (its container may be a new one, which the kubelet
-//! had not reported yet when the failure was read), at most once every [`MIN_SPACING`]. A
-//! steady pod reads nothing, and its connection closes between reads.
+//! [`READ_DELAY`] after an attempt says a container may have stopped or been replaced
+//! ([`ReadTriggers`]: a probe's first failure after success, first success after failing, or
+//! an attempt that could not run), at most once every [`MIN_SPACING`]. A steady pod reads
+//! nothing, and its connection closes between reads.
 //!
 //! The pod's conditions are not taken from these reads: they would be stale between them, and
 //! repairing from a stale view would write back what nobody removed.
@@ -26,20 +26,23 @@ use super::{PodIdentity, PodView};
 use crate::failures::{FailureRun, Loudness};
 use crate::runner::ContainerView;
 
-/// The least time between two reads asked for by probes failing or recovering.
+mod triggers;
+pub use triggers::ReadTriggers;
+
+/// The least time between two reads asked for by probes' attempts.
 pub const MIN_SPACING: Duration = Duration::from_secs(5);
 
-/// How long after a probe turned `Failed` (or recovered) the pod is read: a probe notices a dead container
+/// How long after an attempt asked for it the pod is read: a probe notices a dead container
 /// within its period, the kubelet within its 1 s relist and reports the container stopped or
 /// restarted right after; read at once, the status would often still show the old container.
-pub const AFTER_FAILURE: Duration = Duration::from_secs(2);
+pub const READ_DELAY: Duration = Duration::from_secs(2);
 
 /// The first and the longest wait between reads while a container has not started, or while
 /// the apiserver does not answer.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// Asks for a read of the pod's status (a probe turned `Failed`). Requests made while a read
+/// Asks for a read of the pod's status ([`ReadTriggers`] says when). Requests made while a read
 /// is in progress or spaced out are kept, and served by one read.
 #[derive(Debug, Clone, Default)]
 pub struct StatusReads(Arc<Notify>);
@@ -174,7 +177,7 @@ impl StatusReader {
                 Read::Settled => {
                     retry = RETRY_MIN;
                     wanted.0.notified().await;
-                    let at = (Instant::now() + AFTER_FAILURE).max(last_read + MIN_SPACING);
+                    let at = (Instant::now() + READ_DELAY).max(last_read + MIN_SPACING);
                     tokio::time::sleep_until(at).await;
                 }
                 Read::Unsettled => {

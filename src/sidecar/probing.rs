@@ -18,9 +18,9 @@ use crate::condition::ConditionBook;
 use crate::condition::writer::{ApiserverAnswered, ConditionWriter, WriterConfig};
 use crate::events::EventSink;
 use crate::metrics::Metrics;
-use crate::pod::{PodView, StatusReads};
+use crate::pod::{PodView, ReadTriggers, StatusReads};
 use crate::probe::{ApiExec, ExecConfig, Prober};
-use crate::runner::{ProbeId, ProbeState, Runner, RunnerConfig, WorkerReport};
+use crate::runner::{ProbeId, Runner, RunnerConfig, WorkerReport};
 
 pub(super) struct Sidecar {
     options: SidecarOptions,
@@ -33,8 +33,8 @@ pub(super) struct Sidecar {
     /// The containers and ports the probes were last applied with (the file source learns
     /// them from its first status read).
     last_containers: Option<PodContainers>,
-    /// The file source's status reads, asked for when a probe turns `Failed`.
-    status_reads: Option<StatusReads>,
+    /// The file source's status reads, and when probes' attempts ask for one.
+    status_reads: Option<(StatusReads, ReadTriggers)>,
     /// Probes currently running.
     probes: Vec<ProbeId>,
     metrics: Metrics,
@@ -90,7 +90,7 @@ impl Sidecar {
             drift,
             last_annotation: None,
             last_containers: None,
-            status_reads,
+            status_reads: status_reads.map(|reads| (reads, ReadTriggers::default())),
             probes: Vec::new(),
             metrics,
             exec,
@@ -241,6 +241,11 @@ impl Sidecar {
         {
             self.metrics.forget(probe);
         }
+        if let Some((_, triggers)) = &mut self.status_reads {
+            for condition_type in applied.stopped.iter().chain(&applied.restarted) {
+                triggers.forget(condition_type);
+            }
+        }
         for condition_type in &applied.stopped {
             self.book.forget(condition_type);
             self.drift.forget(condition_type);
@@ -268,17 +273,6 @@ impl Sidecar {
                     "probe result changed"
                 );
                 self.events.transition(&t);
-                let recovered = t.state == ProbeState::Succeeded
-                    && self
-                        .book
-                        .get(&t.probe.condition_type)
-                        .is_some_and(|c| c.status == ProbeState::Failed.condition_status());
-                if (t.state == ProbeState::Failed || recovered)
-                    && let Some(reads) = &self.status_reads
-                {
-                    // Did its container stop, or restart? The file does not say.
-                    reads.request();
-                }
                 if let Some(condition) = self.book.record(&t) {
                     self.drift.changed(&t.probe.condition_type, Instant::now());
                     self.writer.submit(condition);
@@ -294,9 +288,19 @@ impl Sidecar {
                     crate::probe::Outcome::Failed => "failed",
                 };
                 self.metrics.attempt(&probe, result, Some(duration));
+                if let Some((reads, triggers)) = &mut self.status_reads
+                    && triggers.attempted(&probe.condition_type, outcome)
+                {
+                    reads.request();
+                }
             }
             WorkerReport::Errored { probe, error, .. } => {
                 self.metrics.attempt(&probe, "errored", None);
+                if let Some((reads, triggers)) = &mut self.status_reads
+                    && triggers.errored(&probe.condition_type, Instant::now())
+                {
+                    reads.request();
+                }
                 tracing::warn!(probe = %probe.name, condition = %probe.condition_type, "probe attempt errored, state unchanged: {error}");
                 self.events
                     .errored(&probe.condition_type, &probe.name, &error);

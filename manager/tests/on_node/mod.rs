@@ -341,7 +341,10 @@ pub async fn wait_each_seen(pods: &Api<Pod>, name: &str, types: &[&str], status:
         .await
         .is_err()
     {
-        panic!("{types:?} each {status} at some point: only {seen:?} within a minute");
+        let sidecar = logs(pods, name, SIDECAR).await;
+        panic!(
+            "{types:?} each {status} at some point: only {seen:?} within a minute\nsidecar log:\n{sidecar}"
+        );
     }
 }
 
