@@ -125,8 +125,8 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
         .write_kubeconfig_for_token(&kubeconfig, testkit::real::ADMIN_TOKEN)
         .unwrap();
     let log = dir.path().join("sidecar.log");
-    let _sidecar = Sidecar {
-        child: Command::new(&bin)
+    let _sidecar = Sidecar::new(
+        Command::new(&bin)
             .args(["run", "--pod-name", "gs-1", "--pod-namespace", "test"])
             .args([
                 "--source",
@@ -148,8 +148,7 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
             .spawn()
             .expect("start podprobe run"),
         log,
-        volume: None,
-    };
+    );
     let pods: Api<Pod> = cluster.pods();
 
     // Probe fails (no flag) → condition False → marker label false.

@@ -23,6 +23,7 @@ use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE
 use testkit::real::{ControlPlane, Node, NodeOptions};
 
 use on_node::{chart_default_images, exec, node_for_workloads, run_as_user};
+use testkit::pod::condition;
 
 const GAMES: &str = "games";
 const POD: &str = "arena-0";
@@ -117,18 +118,6 @@ fn game_pod() -> Pod {
         }
     }))
     .unwrap()
-}
-
-fn condition<'a>(
-    pod: &'a Pod,
-    type_: &str,
-) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
 }
 
 fn status(pod: &Pod, type_: &str) -> Option<String> {

@@ -346,12 +346,7 @@ impl<'a> Spec<'a> {
 }
 
 fn label(pod: &Pod, key: &str) -> String {
-    pod.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .cloned()
-        .unwrap_or_default()
+    support::label(pod, key).unwrap_or_default()
 }
 
 fn annotation(pod: &Pod, key: &str) -> String {

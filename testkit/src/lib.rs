@@ -17,8 +17,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod child;
 pub mod faults;
 pub mod journal;
+pub mod pod;
 pub mod port;
 pub mod real;
 pub mod wait;

@@ -2,11 +2,11 @@
 //! create with the statuses a kubelet would report, the real `podprobe run` binary, and waits.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::Api;
 use serde_json::{Value, json};
 
@@ -15,6 +15,11 @@ pub const NS: &str = "games";
 pub mod cluster;
 #[allow(unused_imports)]
 pub use cluster::{Cluster, ProbedPod, SIDECAR_SA};
+/// The real `podprobe run`, killed when dropped, its log printed when the test failed.
+#[allow(unused_imports)]
+pub use testkit::child::LoggedChild as Sidecar;
+#[allow(unused_imports)]
+pub use testkit::pod::{condition, has_status};
 
 /// A pod in [`NS`] with the game container `main` (ports as given) and the sidecar, on node
 /// `vk-1`, carrying `annotation`.
@@ -80,7 +85,7 @@ pub fn start_sidecar(dir: &Path, kubeconfig: &Path, name: &str, extra: &[&str]) 
         .stderr(stderr)
         .spawn()
         .expect("start podprobe run");
-    Sidecar { child, log }
+    Sidecar::new(child, log)
 }
 
 /// Waits (watching the pod, up to `limit`) until `check` holds for it.
@@ -102,65 +107,6 @@ fn rand_suffix() -> u64 {
     N.fetch_add(1, Ordering::Relaxed)
 }
 
-pub struct Sidecar {
-    pub child: Child,
-    pub log: PathBuf,
-}
-
-impl Sidecar {
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.child.id() as i32)
-    }
-
-    /// Sends SIGTERM and waits (up to `limit`) for the exit status.
-    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let _ = nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM);
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            if std::time::Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "---- podprobe log ({}) ----\n{}",
-                self.log.display(),
-                self.log()
-            );
-        }
-    }
-}
-
-pub fn condition<'a>(pod: &'a Pod, type_: &str) -> Option<&'a PodCondition> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-}
-
-pub fn has_status(pod: &Pod, type_: &str, status: &str) -> bool {
-    condition(pod, type_).is_some_and(|c| c.status == status)
-}
-
-/// An exec probe that succeeds while `flag` exists (message = its content) and fails otherwise
-/// (message "down" on stderr).
 pub fn file_probe(name: &str, condition_type: &str, flag: &Path) -> String {
     let script = format!(
         "if [ -f {f} ]; then cat {f}; else echo down >&2; exit 1; fi",
@@ -247,18 +193,4 @@ pub async fn wait_attempts(port: u16, condition: &str, n: u64) {
     tokio::time::timeout(Duration::from_secs(n + 30), wait)
         .await
         .unwrap_or_else(|_| panic!("{condition}: fewer than {n} attempts"));
-}
-
-impl Sidecar {
-    /// Waits (up to `limit`) until the sidecar's log contains `needle`.
-    pub async fn wait_log(&self, needle: &str, limit: Duration) {
-        let wait = async {
-            while !self.log().contains(needle) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        };
-        if tokio::time::timeout(limit, wait).await.is_err() {
-            panic!("{needle:?} not logged within {limit:?}");
-        }
-    }
 }

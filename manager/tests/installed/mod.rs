@@ -287,7 +287,11 @@ pub fn run_injected_sidecar_with(
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("start the sidecar");
-    Sidecar { child, log, volume }
+    let sidecar = Sidecar::new(child, log);
+    match volume {
+        Some(volume) => sidecar.serving(volume),
+        None => sidecar,
+    }
 }
 
 /// Where `container` mounts a downward-API volume of `pod`, if it does.

@@ -9,7 +9,6 @@ pub use tv03::Tv03Cluster;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -323,24 +322,12 @@ pub fn steady_pod(i: usize, healthy: bool) -> Pod {
 pub const PODPROBE: &str = "kruise.io/podprobe";
 pub const LIST: &str = "kruise.io/podprobemarker-list";
 
-pub fn label(pod: &Pod, key: &str) -> Option<String> {
-    pod.metadata.labels.as_ref()?.get(key).cloned()
-}
-
-/// The status of the pod's condition `type_`, if it has one.
-pub fn condition_status(pod: &Pod, type_: &str) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| c.status.clone())
-}
-
-pub fn annotation(pod: &Pod, key: &str) -> Option<String> {
-    pod.metadata.annotations.as_ref()?.get(key).cloned()
-}
+// Shared with the root package's tests through testkit; not every test binary uses each.
+/// The real `podprobe run`, killed when dropped, its log printed when the test failed.
+#[allow(unused_imports)]
+pub use testkit::child::LoggedChild as Sidecar;
+#[allow(unused_imports)]
+pub use testkit::pod::{annotation, condition_status, label};
 
 /// Waits (watching, up to a minute) until `check` holds for pod `name`; panics with `what`
 /// and the pod as it is then.
@@ -357,30 +344,6 @@ pub async fn wait_pod(
 /// root package's tests).
 pub fn sidecar_binary() -> PathBuf {
     testkit::workspace::binary("podprobe", "podprobe")
-}
-
-/// A running `podprobe run`; killed on drop, its log printed when the test failed.
-pub struct Sidecar {
-    pub child: Child,
-    pub log: PathBuf,
-    /// What keeps its downward-API volume up to date, as a kubelet would, while it runs.
-    pub volume: Option<tokio::task::JoinHandle<()>>,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        if let Some(volume) = self.volume.take() {
-            volume.abort();
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "---- podprobe log ----\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-        }
-    }
 }
 
 /// A benchmark's `i`-th command-line argument as a number, or `default`.
