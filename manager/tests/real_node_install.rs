@@ -24,7 +24,7 @@ use testkit::real::{ControlPlane, NodeOptions};
 
 use on_node::{
     SIDECAR, chart_default_images, exec, logs, node_for_workloads, pods_of, projected_token,
-    run_as_user, scale_to_zero, wait_for, workspace,
+    readme_blocks, run_as_user, scale_to_zero, wait_for, workspace,
 };
 use support::{annotation, condition_status};
 
@@ -33,27 +33,6 @@ const GAMES: &str = "games";
 const IDLE: &str = "game.kruise.io/idle";
 const HEALTHY: &str = "game.kruise.io/healthy";
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
-
-/// The `sh` blocks under the README's `## Install` heading, in order.
-fn readme_install_blocks() -> Vec<String> {
-    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
-    let section = readme
-        .split_once("\n## Install\n")
-        .expect("README.md has an Install section")
-        .1;
-    let section = section.split_once("\n## ").map_or(section, |(s, _)| s);
-    section
-        .split("```sh\n")
-        .skip(1)
-        .map(|block| {
-            block
-                .split_once("\n```")
-                .expect("the sh block ends")
-                .0
-                .to_owned()
-        })
-        .collect()
-}
 
 /// The documents of `examples/recipes/<name>`, each Deployment's placeholder image replaced
 /// by the test game server (which answers what the recipes probe).
@@ -117,13 +96,13 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     node.tag_image(MANAGER_IMAGE, &manager_image).unwrap();
     node.tag_image(SIDECAR_IMAGE, &sidecar_image).unwrap();
 
-    let blocks = readme_install_blocks();
+    let install = readme_blocks("Install");
     assert_eq!(
-        blocks.len(),
+        install.len(),
         2,
-        "the install, then a first PodProbeMarker: {blocks:?}"
+        "standalone, then companion (real_okg.rs runs that one): {install:?}"
     );
-    run_as_user(&cp, &node, &blocks[0]);
+    run_as_user(&cp, &node, &install[0]);
 
     // The idle recipe: /idle.sh in the game container, which the sidecar's image lacks.
     apply(&cp, &recipe("idle-deletion-cost.yaml"));
@@ -139,7 +118,9 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     let (busy, other) = (&arena[0], &arena[1]);
     // The README's look at them, as written (its `kubectl apply` is the one above, with the
     // image a user would have set).
-    let look: Vec<&str> = blocks[1]
+    let first_probe = readme_blocks("A first probe");
+    assert_eq!(first_probe.len(), 1, "{first_probe:?}");
+    let look: Vec<&str> = first_probe[0]
         .lines()
         .filter(|l| !l.starts_with("kubectl apply"))
         .collect();

@@ -2,8 +2,8 @@
 //! kubelet node labelled `type=virtual-kubelet` (Kruise's serverless path: no kruise-daemon
 //! probes there), kruise-manager with `EnablePodProbeMarkerOnServerless` and OpenKruise Game's
 //! manager (both built from their pinned modules, installed from their own manifests), and
-//! podprobe's chart installed in companion mode by the recipe's own commands, with the chart's
-//! defaults. The recipe `examples/recipes/okg-serverless.yaml` is applied as committed but for
+//! podprobe's chart installed in companion mode by the README's companion install (the recipe
+//! gives the same commands), with the chart's defaults. The recipe `examples/recipes/okg-serverless.yaml` is applied as committed but for
 //! its placeholder image: the GameServerSet's serviceQualities become OKG's PodProbeMarker,
 //! Kruise's webhook writes the probes into each pod, the injected sidecar runs them in the
 //! game container, and OKG turns the conditions into each GameServer's opsState; scale-in then
@@ -25,7 +25,9 @@ use serde_json::{Value, json};
 use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
 use testkit::real::{ControlPlane, KruiseGame, NodeOptions};
 
-use on_node::{chart_default_images, exec, node_for_workloads, run_as_user, workspace};
+use on_node::{
+    chart_default_images, exec, node_for_workloads, readme_blocks, run_as_user, workspace,
+};
 use support::condition_status;
 
 const GAMES: &str = "games";
@@ -39,20 +41,27 @@ fn game_resource(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("game.kruise.io", "v1alpha1", kind))
 }
 
-/// The recipe's install commands: its comment lines indented as commands, but the
-/// `kubectl apply` of the recipe itself (applied with the test's image instead).
-fn recipe_install_commands() -> String {
+/// The README's companion install, run as written. The recipe's comment gives the same
+/// commands (its lines indented as commands, but the `kubectl apply` of the recipe itself,
+/// which the test applies with its own image).
+fn companion_install_commands() -> String {
+    let install = readme_blocks("Install");
+    let companion = install
+        .iter()
+        .find(|block| block.contains("--set mode=companion"))
+        .unwrap_or_else(|| panic!("the README's install has a companion block: {install:?}"));
     let text = std::fs::read_to_string(workspace().join(RECIPE)).unwrap();
-    let commands: Vec<&str> = text
+    let recipe: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("#   "))
         .filter(|l| !l.starts_with("kubectl apply"))
         .collect();
-    assert!(
-        commands.iter().any(|c| c.starts_with("helm install")),
-        "the recipe says how to install podprobe: {commands:?}"
+    assert_eq!(
+        recipe.join("\n"),
+        *companion,
+        "the recipe and the README install companion mode alike"
     );
-    commands.join("\n")
+    companion.clone()
 }
 
 /// The recipe's GameServerSet, its placeholder image replaced by the test game server (which
@@ -239,7 +248,7 @@ async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle
     let (manager_image, sidecar_image) = chart_default_images();
     node.tag_image(MANAGER_IMAGE, &manager_image).unwrap();
     node.tag_image(SIDECAR_IMAGE, &sidecar_image).unwrap();
-    run_as_user(&cp, &node, &recipe_install_commands());
+    run_as_user(&cp, &node, &companion_install_commands());
     kubectl_apply(&cp, &recipe_game_server_set());
 
     let pods: Api<Pod> = Api::namespaced(cp.client(), GAMES);

@@ -439,6 +439,28 @@ pub fn workspace() -> &'static std::path::Path {
     std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
+/// The `sh` blocks under the README's `## {heading}` (its `###` subsections included), in
+/// order: the commands a user copies, run as written.
+pub fn readme_blocks(heading: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).expect("README.md");
+    let section = readme
+        .split_once(&format!("\n## {heading}\n"))
+        .unwrap_or_else(|| panic!("README.md has a section {heading:?}"))
+        .1;
+    let section = section.split_once("\n## ").map_or(section, |(s, _)| s);
+    section
+        .split("```sh\n")
+        .skip(1)
+        .map(|block| {
+            block
+                .split_once("\n```")
+                .expect("the sh block ends")
+                .0
+                .to_owned()
+        })
+        .collect()
+}
+
 /// The chart's default images: the manager's and the injected sidecar's.
 pub fn chart_default_images() -> (String, String) {
     let path = super::cluster::chart_dir().join("values.yaml");

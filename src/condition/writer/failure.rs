@@ -43,7 +43,7 @@ pub(super) fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> Stri
             "an admission policy refused the write: the chart's lets a sidecar write only the pod its token is bound to (POD_NAME must be that pod)"
         }
         Some(403) => {
-            "RBAC does not allow `patch pods/status` for this service account (see the README's Role)"
+            "RBAC does not allow `patch pods/status` for this service account (the chart's sidecar Role, or examples/sidecar-by-hand.yaml's, grants it)"
         }
         Some(401) => {
             "the apiserver no longer accepts this token (a pod-bound token stops working when its pod is deleted)"
