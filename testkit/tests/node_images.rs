@@ -18,8 +18,9 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
-/// An image archive's config and the paths its layers hold.
-fn unpack(archive: &Path) -> (Value, Vec<String>) {
+/// An image archive's config, the paths its layers hold, and the layers' size in bytes (as
+/// stored, what a node pulls).
+fn unpack(archive: &Path) -> (Value, Vec<String>, u64) {
     let layout = tempfile::tempdir().unwrap();
     let untar = Command::new("tar")
         .arg("-xf")
@@ -39,7 +40,9 @@ fn unpack(archive: &Path) -> (Value, Vec<String>) {
         manifest["config"]["digest"].as_str().unwrap(),
     ));
     let mut files = Vec::new();
+    let mut bytes = 0;
     for layer in manifest["layers"].as_array().unwrap() {
+        bytes += layer["size"].as_u64().unwrap();
         let listing = Command::new("tar")
             .arg("-tf")
             .arg(blob(layout.path(), layer["digest"].as_str().unwrap()))
@@ -58,7 +61,7 @@ fn unpack(archive: &Path) -> (Value, Vec<String>) {
                 .filter(|l| !l.is_empty()),
         );
     }
-    (config, files)
+    (config, files, bytes)
 }
 
 #[test]
@@ -73,7 +76,11 @@ fn the_shipped_images_are_static_nonroot_and_shell_free() {
             .find(|a| a.reference == reference)
             .unwrap()
             .archive;
-        let (config, files) = unpack(archive);
+        let (config, files, bytes) = unpack(archive);
+        println!(
+            "{reference}: layers {bytes} bytes ({:.1} MiB)",
+            bytes as f64 / 1048576.0
+        );
         let entrypoint = format!("/usr/local/bin/{binary}");
         assert_eq!(config["os"], "linux", "{reference}");
         assert_eq!(
