@@ -55,6 +55,7 @@ struct Inner {
     write_errors: Family<WriteErrorLabels, Counter>,
     overwrites: Family<ConditionLabels, Counter>,
     annotation_file_reads: Counter,
+    pod_status_reads: Counter,
     ready: AtomicBool,
 }
 
@@ -114,6 +115,12 @@ impl Metrics {
             "Reads of the downward-API annotations file (--source file): one at start, then one per change",
             annotation_file_reads.clone(),
         );
+        let pod_status_reads = Counter::default();
+        own.register(
+            "pod_status_reads",
+            "Reads of the pod through the apiserver by --source file: before probing, while a probed container has not started, and when a probe's attempts say its container may have changed",
+            pod_status_reads.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -124,6 +131,7 @@ impl Metrics {
                 write_errors,
                 overwrites,
                 annotation_file_reads,
+                pod_status_reads,
                 ready: AtomicBool::new(false),
             }),
         }
@@ -215,6 +223,10 @@ impl Metrics {
     /// The counter the file source increments on each read of the annotations file.
     pub fn annotation_file_reads(&self) -> Counter {
         self.inner.annotation_file_reads.clone()
+    }
+
+    pub fn pod_status_reads(&self) -> Counter {
+        self.inner.pod_status_reads.clone()
     }
 
     pub fn writes(&self) -> u64 {

@@ -348,6 +348,51 @@ async fn the_file_source_reads_its_pod_when_an_attempt_cannot_run() {
         .await;
 }
 
+/// A file-source sidecar that may not read its pod (RBAC answers 403) says so once, stops
+/// reading, and probes on without its containers' status: a probe failing later asks for a
+/// read that is never made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_source_sidecar_that_may_not_read_its_pod_probes_on() {
+    let cluster = Cluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let annotation = array(&[file_probe("p", "c/p", &flag)]);
+    let pod = cluster.create_pod("gs-d", &annotation, json!([])).await;
+    cluster
+        .proxy
+        .faults()
+        .add(Fault::status(403).method("GET").path_contains("pods/gs-d"));
+    let port = free_port();
+    let sidecar = cluster
+        .file_source_sidecar(
+            &pod,
+            &annotation,
+            &["--metrics-addr", &format!("127.0.0.1:{port}")],
+        )
+        .await;
+    cluster
+        .wait_pod("gs-d", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+    sidecar.wait_log("may not read its pod", LIMIT).await;
+
+    // The failure would ask for a read 2 s later; five attempts (a second apart) later, none
+    // was made.
+    std::fs::remove_file(&flag).unwrap();
+    cluster
+        .wait_pod("gs-d", LIMIT, |p| has_status(p, "c/p", "False"))
+        .await;
+    let failed_at = attempts(port, "c/p").await;
+    wait_attempts(port, "c/p", failed_at + 5).await;
+    assert_eq!(cluster.proxy.journal().count("GET", "pods/gs-d"), 1);
+    let text = metrics(port).await.unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "podprobe_pod_status_reads_total 1"),
+        "{text}"
+    );
+    assert_eq!(sidecar.log().matches("may not read its pod").count(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_not_running_and_restarted() {
     let cluster = Cluster::start().await;

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -72,6 +73,8 @@ pub struct StatusReader {
     identity: PodIdentity,
     tx: watch::Sender<PodView>,
     failing: FailureRun,
+    /// `podprobe_pod_status_reads_total`.
+    reads: Counter,
 }
 
 impl std::fmt::Debug for StatusReader {
@@ -83,17 +86,24 @@ impl std::fmt::Debug for StatusReader {
 }
 
 impl StatusReader {
-    pub fn new(client: Client, identity: PodIdentity, tx: watch::Sender<PodView>) -> Self {
+    pub fn new(
+        client: Client,
+        identity: PodIdentity,
+        tx: watch::Sender<PodView>,
+        reads: Counter,
+    ) -> Self {
         StatusReader {
             pods: Api::namespaced(client, &identity.namespace),
             identity,
             tx,
             failing: FailureRun::default(),
+            reads,
         }
     }
 
     /// One read of the pod, published when it changed what the views say.
     pub async fn read(&mut self) -> Read {
+        self.reads.inc();
         let pod = match self.pods.get(&self.identity.name).await {
             Ok(pod) => pod,
             Err(e) => return self.failed(&e),

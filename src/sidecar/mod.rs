@@ -169,7 +169,12 @@ async fn start_source(
         ));
         return (task, view_rx, None);
     }
-    let mut reader = StatusReader::new(client.clone(), options.identity.clone(), view_tx.clone());
+    let mut reader = StatusReader::new(
+        client.clone(),
+        options.identity.clone(),
+        view_tx.clone(),
+        metrics.pod_status_reads(),
+    );
     let first = tokio::time::timeout(FIRST_STATUS_READ, reader.read())
         .await
         .unwrap_or(pod::Read::Unsettled);
