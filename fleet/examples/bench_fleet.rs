@@ -56,7 +56,7 @@ struct Args {
     tcp_period: u32,
     #[arg(long, default_value_t = 30)]
     exec_period: u32,
-    /// Kill kube-apiserver or etcd during the flips and start it again (issue 32).
+    /// Kill kube-apiserver or etcd during the flips and start it again (docs/scale.md, "Outages").
     #[arg(long, value_enum)]
     outage: Option<Fault>,
     /// Seconds from the first flip to the kill.

@@ -1,5 +1,5 @@
 //! What the virtual-kubelet library does to podprobe's conditions, on the real control plane
-//! (issue 24; docs/providers.md):
+//! (docs/providers.md):
 //!
 //!     cargo run --release -p podprobe-fleet --example bench_providers -- \
 //!         --manager podprobe --pods-per-group 5 --seconds 600

@@ -1,4 +1,4 @@
-//! The fleet benchmark (issue 23): N serverless pods and N real sidecars on a real control
+//! The fleet benchmark: N serverless pods and N real sidecars on a real control
 //! plane, a manager turning their conditions into markers, P % of the pods flipping a probe
 //! every second, and what that costs the apiserver, etcd, the manager and the sidecars.
 //!
@@ -10,7 +10,7 @@
 //! - [`audit`]: each flip's patches and the time its status patch was answered;
 //! - [`outage`]: an apiserver or etcd outage during the flips;
 //! - [`providers`], [`presence`]: real virtual-kubelet node agents rewriting the pods' status,
-//!   and how much of the time each condition showed the probe's state (issue 24);
+//!   and how much of the time each condition showed the probe's state (docs/providers.md);
 //! - [`measure`], [`report`]: the figures.
 //!
 //! The run: pods created → baseline window (no sidecars) → sidecars started, until every pod

@@ -1,4 +1,4 @@
-//! A fault in the middle of the flips (issue 32): kube-apiserver killed and started again on
+//! A fault in the middle of the flips: kube-apiserver killed and started again on
 //! the same etcd (every connection refused, then reset), or etcd killed under a running
 //! apiserver (which then answers with errors and timeouts). What is measured: when it came
 //! back, how long until every pod watch was back, and what the minute after recovery cost.

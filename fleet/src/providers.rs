@@ -1,4 +1,4 @@
-//! What the virtual-kubelet library does to podprobe's conditions (issue 24): pods on real
+//! What the virtual-kubelet library does to podprobe's conditions: pods on real
 //! node agents — the mock provider, which notifies the library of each pod's status, and
 //! `vk-replacer`, which does not, so the library copies its status (without podprobe's
 //! conditions) over the pods every 5 s — each with sidecars under each overwrite-repair

@@ -99,7 +99,7 @@ fn per_pod(to: &Window, base: &Window, pods: usize) -> String {
 
 impl Report {
     /// What an idle pod with its sidecar costs the apiserver over the empty cluster, and what
-    /// its sidecar alone costs over the pods without sidecars (issue 31's measure).
+    /// its sidecar alone costs over the pods without sidecars.
     fn idle_cost(&self) -> String {
         format!(
             "apiserver per idle pod over the empty cluster: {}; of which its sidecar: {}; \

@@ -1,4 +1,4 @@
-//! An apiserver outage at small N in the suite (issue 32): 100 pods, each with its own sidecar
+//! An apiserver outage at small N in the suite: 100 pods, each with its own sidecar
 //! instance (the real sidecar code, its own token, watch and connections), podprobe-manager
 //! installed by the chart, 5 % of the pods flipping their http probe every second, and
 //! kube-apiserver killed for 20 s in the middle. Fails when a transition is lost, when a

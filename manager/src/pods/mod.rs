@@ -29,17 +29,20 @@
 //! new pod has its own events).
 //!
 //! Rooms: [`decide`] (per pod: markers, propagation, the patch), [`written`] (patches the cache
-//! has not shown yet), [`by_node`] (node → pods, serverless nodes); the controller is here.
+//! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`trim()`] (what the pod
+//! cache keeps of each pod); the controller is here.
 
 pub mod by_node;
 pub mod decide;
 #[cfg(test)]
 mod tests;
+mod trim;
 pub mod written;
 
 pub use by_node::PodsByNode;
 use by_node::node_triggers;
 pub use decide::*;
+pub use trim::trim;
 pub use written::WrittenPatches;
 
 use std::collections::BTreeMap;
@@ -214,6 +217,8 @@ pub async fn run(
         watcher::Config::default(),
     )
     .backoff(podprobe_ops::backoff::WatchBackoff::default())
+    // The cache holds every pod of the cluster: only what the controllers read.
+    .modify(trim)
     .reflect(writer)
     .inspect_ok({
         let (by_node, written) = (by_node.clone(), ctx.written.clone());
