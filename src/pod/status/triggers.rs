@@ -35,11 +35,18 @@ struct Erroring {
     wait: Duration,
 }
 
-/// Each probe's last attempt, by condition type.
+/// What one probe's attempts were.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    last: Last,
+    erroring: Option<Erroring>,
+}
+
+/// Each probe's last attempt, by condition type. Called on every attempt: a probe's entry is
+/// allocated once, at its first attempt.
 #[derive(Debug, Default)]
 pub struct ReadTriggers {
-    last: HashMap<String, Last>,
-    erroring: HashMap<String, Erroring>,
+    probes: HashMap<String, Seen>,
 }
 
 impl ReadTriggers {
@@ -48,16 +55,19 @@ impl ReadTriggers {
     /// (its container may be a new one the kubelet had not reported at the failure's read).
     /// A probe's first attempt asks nothing: the pod was read before probing began.
     pub fn attempted(&mut self, condition_type: &str, outcome: Outcome) -> bool {
-        self.erroring.remove(condition_type);
         let now = match outcome {
             Outcome::Succeeded => Last::Succeeded,
             Outcome::Failed => Last::Failed,
         };
-        let before = self.last.insert(condition_type.to_owned(), now);
+        let Some(seen) = self.probes.get_mut(condition_type) else {
+            self.first(condition_type, now);
+            return false;
+        };
+        let before = std::mem::replace(&mut seen.last, now);
+        seen.erroring = None;
         matches!(
             (before, now),
-            (Some(Last::Succeeded), Last::Failed)
-                | (Some(Last::Failed | Last::Errored), Last::Succeeded)
+            (Last::Succeeded, Last::Failed) | (Last::Failed | Last::Errored, Last::Succeeded)
         )
     }
 
@@ -65,16 +75,18 @@ impl ReadTriggers {
     /// declared). True at the first error after a result, then again after 5 s, doubling to
     /// 5 min while the probe keeps erroring.
     pub fn errored(&mut self, condition_type: &str, now: Instant) -> bool {
-        self.last.insert(condition_type.to_owned(), Last::Errored);
-        match self.erroring.get_mut(condition_type) {
+        let first = Erroring {
+            next: now + ERRORING_FIRST,
+            wait: ERRORING_FIRST * 2,
+        };
+        let Some(seen) = self.probes.get_mut(condition_type) else {
+            self.first(condition_type, Last::Errored).erroring = Some(first);
+            return true;
+        };
+        seen.last = Last::Errored;
+        match &mut seen.erroring {
             None => {
-                self.erroring.insert(
-                    condition_type.to_owned(),
-                    Erroring {
-                        next: now + ERRORING_FIRST,
-                        wait: ERRORING_FIRST * 2,
-                    },
-                );
+                seen.erroring = Some(first);
                 true
             }
             Some(e) if now >= e.next => {
@@ -88,8 +100,16 @@ impl ReadTriggers {
 
     /// A probe removed or replaced: its next attempt is a first one.
     pub fn forget(&mut self, condition_type: &str) {
-        self.last.remove(condition_type);
-        self.erroring.remove(condition_type);
+        self.probes.remove(condition_type);
+    }
+
+    fn first(&mut self, condition_type: &str, last: Last) -> &mut Seen {
+        self.probes
+            .entry(condition_type.to_owned())
+            .or_insert(Seen {
+                last,
+                erroring: None,
+            })
     }
 }
 
