@@ -56,18 +56,8 @@ async fn kubelet_runs(client: Client, name: &str) {
         .unwrap();
 }
 
-async fn eventually<T>(what: &str, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let wait = async {
-        loop {
-            if let Some(found) = probe().await {
-                return found;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(LIMIT, wait)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not within {LIMIT:?}"))
+async fn eventually<T>(what: &str, probe: impl AsyncFnMut() -> Option<T>) -> T {
+    testkit::wait::until_some(LIMIT, what, probe).await
 }
 
 async fn pod_annotation(client: &Client, name: &str) -> Option<String> {

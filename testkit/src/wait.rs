@@ -1,6 +1,7 @@
-//! The waits every test file needs, in one place: a condition polled until it holds, and a pod
-//! watched until it is as wanted. Both panic with what was awaited and what was seen, so a
-//! failing test says why.
+//! The waits every test file needs, in one place: a condition polled until it holds (or an
+//! async probe until it finds something), and a pod watched until it is as wanted. Each
+//! panics with what was awaited (the pod's wait with what was seen), so a failing test says
+//! why.
 
 use std::time::Duration;
 
@@ -17,6 +18,26 @@ pub async fn until(limit: Duration, what: &str, mut check: impl FnMut() -> bool)
     if tokio::time::timeout(limit, wait).await.is_err() {
         panic!("not within {limit:?}: {what}");
     }
+}
+
+/// Asks `probe` (an apiserver read, say) every 50 ms until it answers `Some`; panics naming
+/// `what` after `limit`.
+pub async fn until_some<T>(
+    limit: Duration,
+    what: &str,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let wait = async {
+        loop {
+            if let Some(found) = probe().await {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(limit, wait)
+        .await
+        .unwrap_or_else(|_| panic!("not within {limit:?}: {what}"))
 }
 
 /// Watches pod `name` until `check` holds (the pod then) or `limit` passes (`None`).
