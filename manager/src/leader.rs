@@ -48,9 +48,10 @@ impl LeaseConfig {
     }
 }
 
-/// A default identity: the pod name (or host name) plus the process id and start time.
-pub fn default_identity() -> String {
-    let host = std::env::var("POD_NAME")
+/// This replica's pod name (`POD_NAME`, else the host name, which a pod's is), or
+/// `podprobe-manager`.
+pub fn replica_name() -> String {
+    std::env::var("POD_NAME")
         .ok()
         .or_else(|| {
             std::fs::read_to_string("/etc/hostname")
@@ -58,7 +59,12 @@ pub fn default_identity() -> String {
                 .map(|s| s.trim().to_owned())
         })
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "podprobe-manager".into());
+        .unwrap_or_else(|| "podprobe-manager".into())
+}
+
+/// A default identity: the pod name (or host name) plus the process id and start time.
+pub fn default_identity() -> String {
+    let host = replica_name();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())

@@ -1,7 +1,6 @@
 //! Prometheus metrics and the plain-HTTP `/metrics`, `/healthz`, `/readyz` endpoints.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use podprobe_ops::endpoints::Endpoints;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,6 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -55,6 +55,9 @@ pub struct Metrics {
     /// Pods held by the sidecar-token gate that this replica sees.
     pub sidecar_tokens_pending: Gauge,
     pub sidecar_tokens: Family<OutcomeLabel, Counter>,
+    /// Pods opted in to the sidecar, selected by a PodProbeMarker, and running without it
+    /// (manager/src/pods/unprobed.rs); set by the leader's sweep.
+    pub pods_without_sidecar: Gauge,
 }
 
 impl Default for Metrics {
@@ -77,6 +80,7 @@ impl Default for Metrics {
         let cert_reload_errors = Counter::default();
         let sidecar_tokens_pending = Gauge::default();
         let sidecar_tokens = Family::<OutcomeLabel, Counter>::default();
+        let pods_without_sidecar = Gauge::default();
         own.register(
             "webhook_requests",
             "AdmissionReview requests by path and result",
@@ -127,6 +131,11 @@ impl Default for Metrics {
             "Virtual-node pods released by outcome: issued (token bound to the pod) or refused (released without one)",
             sidecar_tokens.clone(),
         );
+        own.register(
+            "pods_without_sidecar",
+            "Pods opted in to the sidecar and selected by a PodProbeMarker that run without it: nothing probes them (each has a SidecarMissing Event; recreate them). Counted by the leader in standalone mode with injection",
+            pods_without_sidecar.clone(),
+        );
         // Every known label value starts at 0, so a series exists before its first event:
         // `rate()` and `increase()` then see that first error instead of a series appearing at 1.
         for path in [
@@ -164,6 +173,7 @@ impl Default for Metrics {
             cert_reload_errors,
             sidecar_tokens_pending,
             sidecar_tokens,
+            pods_without_sidecar,
         }
     }
 }
@@ -213,18 +223,34 @@ impl Metrics {
     }
 }
 
-/// What `/readyz` reports.
-#[derive(Debug, Default)]
+/// What `/readyz` reports: whether the caches the webhooks read have their first list. Also
+/// awaited by the leader's sweep for pods without their sidecar, which reads the same caches
+/// (a `Store`'s own `wait_until_ready` wakes only one of several waiters in kube-runtime 5.0,
+/// so a second waiter could leave this one waiting for ever).
+#[derive(Debug)]
 pub struct Readiness {
-    ready: AtomicBool,
+    ready: watch::Sender<bool>,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self {
+            ready: watch::Sender::new(false),
+        }
+    }
 }
 
 impl Readiness {
     pub fn set(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Release);
+        self.ready.send_replace(ready);
     }
     pub fn get(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        *self.ready.borrow()
+    }
+    /// Resolves once ready.
+    pub async fn wait(&self) {
+        // The sender lives as long as `self`: the wait ends only by readiness.
+        let _ = self.ready.subscribe().wait_for(|r| *r).await;
     }
 }
 

@@ -4,7 +4,8 @@
 //! without a warning, then each write a compromised manager could try, with the manager's own
 //! token. The ClusterRole allows every one of them (`patch pods`), so the policy decides; the
 //! admin's identical writes are the control. The same for the Secrets it may create (the
-//! sidecar token of a virtual-node pod), where its Role allows any.
+//! sidecar token of a virtual-node pod), where its Role allows any, and for the Events it may
+//! create (its report of a pod running without its sidecar), where its ClusterRole allows any.
 
 mod cluster;
 
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -20,6 +22,8 @@ use testkit::real::ControlPlane;
 const NS: &str = "games";
 const POLICY: &str = "podprobe-manager-pods";
 const SECRETS_POLICY: &str = "podprobe-manager-secrets";
+const EVENTS_POLICY: &str = "podprobe-manager-events";
+const ONLY_SIDECAR_MISSING: &str = "may create only SidecarMissing Warning Events";
 const ONLY_METADATA: &str = "may change only a pod's labels and annotations";
 const ONLY_TOKENS: &str = "may create only its podprobe-token-* Secrets";
 /// The gates of the tests' pods: another controller's, and the one the manager lifts.
@@ -78,7 +82,7 @@ async fn installed() -> (ControlPlane, Client) {
     cluster::kubectl_apply(&cp, &cluster::render(&cp, &sets, &templates));
 
     // The policies match pods and secrets (not subresources), so the apiserver type-checks them.
-    for name in [POLICY, SECRETS_POLICY] {
+    for name in [POLICY, SECRETS_POLICY, EVENTS_POLICY] {
         let policies: Api<ValidatingAdmissionPolicy> = Api::all(cp.client());
         let checked = kube::runtime::wait::await_condition(policies, name, |p: Option<&_>| {
             p.is_some_and(|p: &ValidatingAdmissionPolicy| {
@@ -249,6 +253,73 @@ async fn the_manager_creates_only_sidecar_token_secrets() {
             None => answer.0 == 200,
             Some(why) => {
                 answer.0 == 403 && answer.1.contains(SECRETS_POLICY) && answer.1.contains(why)
+            }
+        };
+        if !right {
+            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_creates_only_sidecar_missing_events_about_pods() {
+    let (cp, manager) = installed().await;
+    pod(&cp, "gs-0").await;
+    let event = |name: &str| {
+        json!({"metadata": {"name": name, "namespace": NS},
+               "eventTime": "2026-11-27T00:00:00.000000Z",
+               "reportingController": "podprobe-manager", "reportingInstance": "manager-0",
+               "action": "CheckSidecar", "reason": "SidecarMissing", "type": "Warning",
+               "note": "no podprobe container",
+               "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": NS, "name": "gs-0"}})
+    };
+    let with = |name: &str, path: &str, value: Value| {
+        let mut e = event(name);
+        e[path] = value;
+        e
+    };
+    #[rustfmt::skip] // a table: one case per entry
+    let cases: [(&str, Value, Option<&str>); 5] = [
+        ("SidecarMissing about the pod", event("report"), None),
+        ("another reason", with("other-reason", "reason", json!("Killing")), Some(ONLY_SIDECAR_MISSING)),
+        ("type Normal", with("normal", "type", json!("Normal")), Some(ONLY_SIDECAR_MISSING)),
+        ("about a Secret", with("secret", "regarding", json!({"apiVersion": "v1", "kind": "Secret", "namespace": NS, "name": "s"})), Some(ONLY_SIDECAR_MISSING)),
+        ("with a related object", with("related", "related", json!({"kind": "Pod", "namespace": NS, "name": "gs-1"})), Some(ONLY_SIDECAR_MISSING)),
+    ];
+    let events = Api::<Event>::namespaced(manager.clone(), NS);
+    let create = |event: &Value| {
+        let event: Event = serde_json::from_value(event.clone()).unwrap();
+        let events = events.clone();
+        async move {
+            match events.create(&PostParams::default(), &event).await {
+                Ok(_) => (200, String::new()),
+                Err(kube::Error::Api(s)) => (s.code, s.message),
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    // Enforced asynchronously: until an Event of another reason is refused.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while create(&with("enforced-yet", "reason", json!("Other")))
+        .await
+        .0
+        == 200
+    {
+        assert!(Instant::now() < deadline, "the policy never took effect");
+        Api::<Event>::namespaced(cp.client(), NS)
+            .delete("enforced-yet", &Default::default())
+            .await
+            .unwrap();
+    }
+    let mut failures = Vec::new();
+    for (what, event, expect) in &cases {
+        let answer = create(event).await;
+        println!("{what:<40} manager {answer:?}");
+        let right = match expect {
+            None => answer.0 == 200,
+            Some(why) => {
+                answer.0 == 403 && answer.1.contains(EVENTS_POLICY) && answer.1.contains(why)
             }
         };
         if !right {

@@ -10,15 +10,16 @@ mod support;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use podprobe_manager::crd::PodProbeMarker;
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use support::{LIST, PODPROBE, TV03_PODPROBE, annotation, app_pod, label, ppm, tv03_ppm, wait_pod};
 
-use installed::{NS, Running, install_and_run, start_control_plane};
+use installed::{NS, Running, install_and_run, install_with, start_control_plane};
 
 const LIMIT: Duration = Duration::from_secs(30);
 const MANAGER_USER: &str = "system:serviceaccount:podprobe-system:podprobe-manager";
@@ -364,4 +365,147 @@ async fn webhook_latency_added_to_pod_creates() {
         with_p99 - without_p99
     );
     manager.shutdown().await;
+}
+
+/// The names of the pods with a `SidecarMissing` Event, and each Event's note.
+async fn sidecar_missing_events(admin: &Client) -> Vec<(String, String)> {
+    let events: Api<Event> = Api::all(admin.clone());
+    let mut found: Vec<(String, String)> = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("SidecarMissing"))
+        .map(|e| {
+            let regarding = e.regarding.unwrap_or_default();
+            assert_eq!(e.type_.as_deref(), Some("Warning"));
+            (
+                format!(
+                    "{}/{}",
+                    regarding.namespace.unwrap_or_default(),
+                    regarding.name.unwrap_or_default()
+                ),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The manager's `podprobe_manager_pods_without_sidecar`.
+async fn pods_without_sidecar(manager: &podprobe_manager::run::Manager) -> Option<u64> {
+    let (_, body) = support::http_get(manager.metrics_addr.unwrap(), "/metrics").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix("podprobe_manager_pods_without_sidecar "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn has_sidecar(pod: &Pod) -> bool {
+    podprobe_manager::pods::runs_sidecar(pod, "podprobe")
+}
+
+/// The chart's pod webhook fails open: a pod created while no manager replica answers is
+/// admitted without its sidecar, and nothing probes it. The manager, back, reports each such
+/// pod (opted in, selected by a PodProbeMarker, no sidecar) within a minute: a Warning Event
+/// on the pod and a gauge, with the chart's RBAC. So is a pod whose namespace opts in after it
+/// started. Pods with the sidecar, opted out or selected by nothing are not reported, and a
+/// reported pod's deletion lowers the gauge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_admitted_without_their_sidecar_are_reported() {
+    const REPORTED: Duration = Duration::from_secs(60);
+    let installed = install_with(start_control_plane().await, Mode::Standalone, &[]).await;
+    let admin = installed.cp.client();
+    let first = installed.start_manager().await;
+    create_tv03(&admin, &first).await;
+    // Namespace `late` has a PodProbeMarker but has not opted in yet.
+    installed.cp.create_namespace("late").await.unwrap();
+    let mut late_ppm = tv03_ppm();
+    late_ppm["metadata"]["namespace"] = json!("late");
+    Api::<PodProbeMarker>::namespaced(admin.clone(), "late")
+        .create(&PostParams::default(), &ppm(&late_ppm))
+        .await
+        .unwrap();
+    let mut early = app_pod("early", "test");
+    early.metadata.namespace = Some("late".into());
+    let early = Api::<Pod>::namespaced(admin.clone(), "late")
+        .create(&PostParams::default(), &early)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let injected = pods
+        .create(&PostParams::default(), &app_pod("injected", "test"))
+        .await
+        .unwrap();
+    assert!(has_sidecar(&injected), "the webhook injects while it runs");
+    assert!(!has_sidecar(&early), "namespace late is not opted in");
+
+    // The manager is down: the apiserver admits pods unchanged (failurePolicy Ignore).
+    first.shutdown().await;
+    let missed = pods
+        .create(&PostParams::default(), &app_pod("missed", "test"))
+        .await
+        .unwrap();
+    assert!(
+        !has_sidecar(&missed),
+        "admitted while the webhook was unreachable"
+    );
+    let mut opted_out = app_pod("opted-out", "test");
+    opted_out
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("podprobe.io/inject".into(), "disabled".into());
+    pods.create(&PostParams::default(), &opted_out)
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &app_pod("unselected", "web"))
+        .await
+        .unwrap();
+
+    let second = installed.start_manager().await;
+    let events = testkit::wait::until_some(REPORTED, "test/missed reported", async || {
+        let events = sidecar_missing_events(&admin).await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["test/missed"], "{events:#?}");
+    let note = &events[0].1;
+    assert!(
+        note.contains("PodProbeMarker ppm-test select it") && note.contains("recreate it"),
+        "{note}"
+    );
+    assert_eq!(pods_without_sidecar(&second).await, Some(1));
+
+    // Namespace `late` opts in: its pod, started before, is reported at the next sweep.
+    Api::<Namespace>::all(admin.clone())
+        .patch(
+            "late",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"podprobe.io/inject": "enabled"}}})),
+        )
+        .await
+        .unwrap();
+    testkit::wait::until_some(REPORTED, "late/early reported", async || {
+        let events = sidecar_missing_events(&admin).await;
+        (events.len() > 1).then_some(events)
+    })
+    .await;
+    let names: Vec<String> = sidecar_missing_events(&admin)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["late/early", "test/missed"]);
+    assert_eq!(pods_without_sidecar(&second).await, Some(2));
+
+    // A pod recreated (here: deleted) is no longer counted.
+    pods.delete("missed", &Default::default()).await.unwrap();
+    testkit::wait::until_some(REPORTED, "the gauge back to 1", async || {
+        (pods_without_sidecar(&second).await == Some(1)).then_some(())
+    })
+    .await;
+    second.shutdown().await;
 }

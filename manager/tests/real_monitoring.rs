@@ -527,6 +527,15 @@ async fn alerts_and_dashboard_fit_the_metrics_the_binaries_expose() {
             expect: owned(&[("namespace", cluster::RELEASE_NS), ("severity", "warning")]),
         },
         Scenario {
+            alert: "PodProbeManagerPodsWithoutSidecar",
+            drives: vec![Drive {
+                name: "podprobe_manager_pods_without_sidecar",
+                matching: owned(&manager_target),
+                values: "2x40".into(),
+            }],
+            expect: owned(&[("namespace", cluster::RELEASE_NS), ("severity", "warning")]),
+        },
+        Scenario {
             alert: "PodProbeManagerPodPatchErrors",
             drives: vec![Drive {
                 name: "podprobe_manager_pod_patches_total",

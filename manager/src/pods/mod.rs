@@ -30,13 +30,15 @@
 //!
 //! Rooms: [`decide`] (per pod: markers, propagation, the patch), [`written`] (patches the cache
 //! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`trim()`] (what the pod
-//! cache keeps of each pod); the controller is here.
+//! cache keeps of each pod), [`unprobed`] (pods that should run the sidecar and do not); the
+//! controller is here.
 
 pub mod by_node;
 pub mod decide;
 #[cfg(test)]
 mod tests;
 mod trim;
+pub mod unprobed;
 pub mod written;
 
 pub use by_node::PodsByNode;
@@ -58,7 +60,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use podprobe_protocol::annotation::MARKER_LIST_ANNOTATION;
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::{BroadcastStream, UnboundedReceiverStream};
 use tokio_util::sync::CancellationToken;
 
@@ -78,6 +80,10 @@ pub struct PodContext {
     pub status_triggers: mpsc::UnboundedSender<ObjectRef<PodProbeMarker>>,
     /// Patches sent whose result the pod cache has not shown yet.
     pub written: Arc<WrittenPatches>,
+    /// Turns true once the pod cache holds its first full list. Other readers of the cache
+    /// wait on this rather than on the `Store`'s `wait_until_ready`, which wakes only one of
+    /// several waiters in kube-runtime 5.0 (the controller's runner is already one).
+    pub pods_listed: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for PodContext {
@@ -222,9 +228,13 @@ pub async fn run(
     .reflect(writer)
     .inspect_ok({
         let (by_node, written) = (by_node.clone(), ctx.written.clone());
+        let listed = ctx.pods_listed.clone();
         move |event| {
             by_node.observe(event);
             written.observe(event, &recheck_tx);
+            if matches!(event, watcher::Event::InitDone) {
+                listed.send_replace(true);
+            }
         }
     })
     .applied_objects()

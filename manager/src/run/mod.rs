@@ -3,7 +3,8 @@
 //! [`Manager::start`] wires the pieces in-process (the binary and the tests use it):
 //! caches → TLS identity (reloaded) → HTTPS webhook server → metrics server → the sidecar
 //! token issuer (with injection, every replica) → leader election → controllers (standalone
-//! mode only) while leading.
+//! mode only: markers and propagation, PodProbeMarker status, and with injection the sweep for
+//! pods running without their sidecar) while leading.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,9 +19,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{PpmCache, spawn_store};
-use crate::config::{ConfigError, supports_native_sidecars};
+use crate::config::{ConfigError, InjectionConfig, supports_native_sidecars};
 use crate::leader::{Elector, LeaseConfig};
 use crate::metrics::{Metrics, Readiness};
+use crate::pods::unprobed::Sweep;
 use crate::pods::{MarkerScope, PodContext};
 use crate::status::StatusContext;
 use crate::tls::{ReloadingCert, TlsError};
@@ -144,7 +146,7 @@ impl Manager {
             injection: options.injection.clone(),
             native_sidecars_supported: native,
             ppms: ppms.clone(),
-            namespaces,
+            namespaces: namespaces.clone(),
             metrics: metrics.clone(),
         });
         let webhook_addr =
@@ -152,7 +154,14 @@ impl Manager {
         tracing::info!(%webhook_addr, mode = ?options.mode, native_sidecars = native, "webhooks serving");
         let metrics_addr = match options.metrics_addr {
             Some(addr) => Some(
-                serve_endpoints(addr, metrics.clone(), readiness, &shutdown, &mut tasks).await?,
+                serve_endpoints(
+                    addr,
+                    metrics.clone(),
+                    readiness.clone(),
+                    &shutdown,
+                    &mut tasks,
+                )
+                .await?,
             ),
             None => None,
         };
@@ -175,12 +184,17 @@ impl Manager {
         );
         tasks.extend(elector);
         if controllers {
-            tasks.push(tokio::spawn(lead(
+            let controllers = Controllers {
                 client,
-                ppms.clone(),
-                options.scope.clone(),
-                options.workers,
-                metrics.clone(),
+                ppms: ppms.clone(),
+                scope: options.scope.clone(),
+                workers: options.workers,
+                metrics: metrics.clone(),
+                injection: options.injection.clone().zip(namespaces),
+                readiness: readiness.clone(),
+            };
+            tasks.push(tokio::spawn(lead(
+                controllers,
                 leading.clone(),
                 shutdown.clone(),
             )));
@@ -229,16 +243,35 @@ impl Manager {
     }
 }
 
-/// Run the controllers whenever `leading` is true.
-async fn lead(
+/// What the leader's controllers run with.
+struct Controllers {
     client: Client,
     ppms: Arc<PpmCache>,
     scope: MarkerScope,
     workers: u16,
     metrics: Arc<Metrics>,
+    /// With injection: its settings and the namespace cache, for the sweep that reports pods
+    /// running without their sidecar.
+    injection: Option<(InjectionConfig, reflector::Store<Namespace>)>,
+    /// The webhooks' caches are synced (the sweep reads them too).
+    readiness: Arc<Readiness>,
+}
+
+/// Run the controllers whenever `leading` is true.
+async fn lead(
+    controllers: Controllers,
     mut leading: watch::Receiver<bool>,
     shutdown: CancellationToken,
 ) {
+    let Controllers {
+        client,
+        ppms,
+        scope,
+        workers,
+        metrics,
+        injection,
+        readiness,
+    } = controllers;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -257,11 +290,24 @@ async fn lead(
             metrics: metrics.clone(),
             status_triggers: status_tx,
             written: Default::default(),
+            pods_listed: watch::Sender::new(false),
         });
         let status_ctx = Arc::new(StatusContext {
             client: client.clone(),
             pods: pod_store.0.clone(),
             metrics: metrics.clone(),
+        });
+        let sweep = injection.as_ref().map(|(config, namespaces)| {
+            let sweep = Sweep::new(
+                client.clone(),
+                pod_store.0.clone(),
+                ppms.clone(),
+                namespaces.clone(),
+                config.clone(),
+                metrics.clone(),
+            );
+            let listed = pod_ctx.pods_listed.subscribe();
+            tokio::spawn(sweep.run(listed, readiness.clone(), term.clone()))
         });
         let pods_task = tokio::spawn(pods::run(
             pod_ctx,
@@ -280,6 +326,9 @@ async fn lead(
         }
         term.cancel();
         let _ = tokio::join!(pods_task, status_task);
+        if let Some(sweep) = sweep {
+            let _ = sweep.await;
+        }
         metrics.leader.set(0);
         tracing::info!("controllers stopped");
         if shutdown.is_cancelled() {

@@ -92,6 +92,21 @@ pub async fn prepare_test_namespace(cp: &ControlPlane) {
 
 /// [`install_and_run`] with more helm arguments after the defaults (a later `--set` wins).
 pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&str]) -> Running {
+    install_with(cp, mode, helm_args).await.start().await
+}
+
+/// The chart installed, its webhooks pointed at a port where no manager listens yet: the
+/// apiserver admits pods as the chart's `failurePolicy` says it should while the manager is
+/// unreachable.
+pub struct Installed {
+    pub cp: ControlPlane,
+    pub options: Options,
+    pub client: kube::Client,
+    pub dir: tempfile::TempDir,
+}
+
+/// The chart installed as [`install_and_run_with`] does it, the manager not started.
+pub async fn install_with(cp: ControlPlane, mode: Mode, helm_args: &[&str]) -> Installed {
     prepare_test_namespace(&cp).await;
 
     let port = testkit::port::free_port().unwrap();
@@ -153,19 +168,44 @@ pub async fn install_and_run_with(cp: ControlPlane, mode: Mode, helm_args: &[&st
         scope: MarkerScope::default(),
         workers: 4,
     };
-    let manager = Manager::start(cp.client_for_token(&token), options)
-        .await
-        .unwrap();
-    let metrics = manager.metrics_addr.unwrap();
-    let ready = async {
-        while support::http_get(metrics, "/readyz").await.0 != 200 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(LIMIT, ready)
-        .await
-        .expect("the manager turns ready");
-    Running { cp, manager, dir }
+    let client = cp.client_for_token(&token);
+    Installed {
+        cp,
+        options,
+        client,
+        dir,
+    }
+}
+
+impl Installed {
+    /// The manager started with the chart's ServiceAccount and injection config, and ready.
+    pub async fn start(self) -> Running {
+        let manager = self.start_manager().await;
+        let Installed { cp, dir, .. } = self;
+        Running { cp, manager, dir }
+    }
+
+    /// A manager replica as [`Installed::start`] runs it, kept by the caller (stop it and
+    /// start another on the same port and Lease, as a restarted pod would).
+    pub async fn start_manager(&self) -> Manager {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let manager = Manager::start(self.client.clone(), self.options.clone())
+            .await
+            .unwrap();
+        let metrics = manager.metrics_addr.unwrap();
+        let ready = async {
+            while support::http_get(metrics, "/readyz").await.0 != 200 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(LIMIT, ready)
+            .await
+            .expect("the manager turns ready");
+        manager
+    }
 }
 
 /// The kubelet's report for the admitted pod: running on 127.0.0.1, the native sidecar and
