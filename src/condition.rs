@@ -108,31 +108,41 @@ impl ConditionBook {
         }
     }
 
-    /// The `--refresh-interval` heartbeat: returns the published condition with a new
-    /// `lastProbeTime` when the last one is at least `interval` old (and `interval` is not
-    /// zero).
-    pub fn refresh(
+    /// The `--refresh-interval` heartbeat of a pod's conditions (`condition_types`, its
+    /// probes'): when the `lastProbeTime` of one of them is at least `interval` old (and
+    /// `interval` is not zero), every one of them that is published gets a new `lastProbeTime`,
+    /// and is returned. So the heartbeats of a pod are one status write per interval, however
+    /// many probes it has and whenever their results last changed (the writer coalesces the
+    /// submissions of one tick into one patch); a condition refreshed early is still true to
+    /// its name, its probe having run within its period.
+    pub fn refresh<'a>(
         &mut self,
-        condition_type: &str,
+        condition_types: impl IntoIterator<Item = &'a str> + Clone,
         now: Timestamp,
         interval: std::time::Duration,
-    ) -> Option<PodCondition> {
+    ) -> Vec<PodCondition> {
         if interval.is_zero() {
-            return None;
+            return vec![];
         }
-        let condition = self.published.get_mut(condition_type)?;
-        let due = match &condition.last_probe_time {
-            Some(Time(last)) => {
-                let age = now.duration_since(*last);
-                age.as_secs_f64() >= interval.as_secs_f64()
-            }
+        let due = |c: &PodCondition| match &c.last_probe_time {
+            Some(Time(last)) => now.duration_since(*last).as_secs_f64() >= interval.as_secs_f64(),
             None => true,
         };
-        if !due {
-            return None;
+        let any_due = condition_types
+            .clone()
+            .into_iter()
+            .any(|ct| self.published.get(ct).is_some_and(due));
+        if !any_due {
+            return vec![];
         }
-        condition.last_probe_time = Some(kube_time(now));
-        Some(condition.clone())
+        condition_types
+            .into_iter()
+            .filter_map(|ct| {
+                let condition = self.published.get_mut(ct)?;
+                condition.last_probe_time = Some(kube_time(now));
+                Some(condition.clone())
+            })
+            .collect()
     }
 
     /// The published condition of a type.
@@ -261,17 +271,39 @@ mod tests {
         let mut book = ConditionBook::default();
         book.record(&t(ProbeState::Succeeded, "idle", ts(0)));
         let interval = Duration::from_secs(600);
-        let ct = "game.kruise.io/idle";
-        assert!(book.refresh(ct, ts(599), interval).is_none());
-        let refreshed = book.refresh(ct, ts(600), interval).unwrap();
-        assert_eq!(refreshed.last_probe_time, Some(Time(ts(600))));
-        assert_eq!(refreshed.last_transition_time, Some(Time(ts(0))));
-        assert!(book.refresh(ct, ts(601), interval).is_none());
+        let ct = ["game.kruise.io/idle"];
+        assert!(book.refresh(ct, ts(599), interval).is_empty());
+        let refreshed = book.refresh(ct, ts(600), interval);
+        assert_eq!(refreshed.len(), 1);
+        assert_eq!(refreshed[0].last_probe_time, Some(Time(ts(600))));
+        assert_eq!(refreshed[0].last_transition_time, Some(Time(ts(0))));
+        assert!(book.refresh(ct, ts(601), interval).is_empty());
         assert!(
-            book.refresh(ct, ts(100_000), Duration::ZERO).is_none(),
+            book.refresh(ct, ts(100_000), Duration::ZERO).is_empty(),
             "0 = never"
         );
-        assert!(book.refresh("unknown", ts(100_000), interval).is_none());
+        assert!(book.refresh(["unknown"], ts(100_000), interval).is_empty());
+    }
+
+    #[test]
+    fn a_pods_heartbeats_are_one_write_per_interval_whatever_its_conditions_times() {
+        let mut book = ConditionBook::default();
+        let mut second = t(ProbeState::Failed, "busy", ts(300));
+        second.probe.condition_type = "game.kruise.io/busy".into();
+        book.record(&t(ProbeState::Succeeded, "idle", ts(0)));
+        book.record(&second);
+        let interval = Duration::from_secs(600);
+        let types = ["game.kruise.io/idle", "game.kruise.io/busy"];
+        let at = |book: &mut ConditionBook, s| book.refresh(types, ts(s), interval).len();
+        assert_eq!(at(&mut book, 599), 0);
+        assert_eq!(
+            at(&mut book, 600),
+            2,
+            "the first due brings the other along"
+        );
+        assert_eq!(at(&mut book, 900), 0, "the second's time moved with it");
+        assert_eq!(at(&mut book, 1199), 0);
+        assert_eq!(at(&mut book, 1200), 2);
     }
 
     #[test]

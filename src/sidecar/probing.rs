@@ -313,12 +313,10 @@ impl Sidecar {
         if self.stopped || self.options.refresh_interval.is_zero() {
             return;
         }
+        let types = self.probes.iter().map(|p| p.condition_type.as_str());
         let now = jiff::Timestamp::now();
-        for probe in &self.probes {
-            let interval = self.options.refresh_interval;
-            if let Some(c) = self.book.refresh(&probe.condition_type, now, interval) {
-                self.writer.submit(c);
-            }
+        for c in self.book.refresh(types, now, self.options.refresh_interval) {
+            self.writer.submit(c);
         }
     }
 
