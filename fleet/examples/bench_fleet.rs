@@ -6,8 +6,8 @@
 //! With `--outage apiserver|etcd [--outage-after 30] [--outage-seconds 20]` it kills one of
 //! them during the flips and measures the recovery (docs/scale.md, "Outages").
 //!
-//! It builds `podprobe-fleet-sidecars` and `podprobe-manager` in its own profile
-//! (`testkit::workspace::binary`), prints a summary, appends the whole report to
+//! It builds `podprobe-fleet-sidecars` in its own profile (`testkit::workspace::binary`) and
+//! runs the shipped static `podprobe-manager` (`--manager-build`), prints a summary, appends the whole report to
 //! docs/perf/fleet.jsonl (what `cargo run --example plot_perf` plots), and prints the report
 //! as one JSON object on its last line. A program that prints figures, not a test.
 
@@ -66,9 +66,20 @@ struct Args {
     /// cover the outage and the minute after recovery.
     #[arg(long, default_value_t = 20)]
     outage_seconds: u64,
+    /// Which podprobe-manager binary runs: `shipped`, the static (musl) binary the image
+    /// holds (hack/build-static.sh), or `release`, this host's release build (glibc's
+    /// allocator; the figures before the shipped one was measured).
+    #[arg(long, value_enum, default_value_t = ManagerBuild::Shipped)]
+    manager_build: ManagerBuild,
     /// Label of this build in the CSV (e.g. `before`).
     #[arg(long, default_value = "this")]
     build: String,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ManagerBuild {
+    Shipped,
+    Release,
 }
 
 #[tokio::main]
@@ -108,7 +119,14 @@ async fn main() {
             exec: args.exec_period,
         },
         sidecar_host: testkit::workspace::binary("podprobe-fleet", "podprobe-fleet-sidecars"),
-        manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
+        manager_binary: match args.manager_build {
+            ManagerBuild::Shipped => testkit::real::node::images::shipped_binaries()
+                .unwrap_or_else(|e| panic!("the shipped binaries: {e}"))
+                .join("podprobe-manager"),
+            ManagerBuild::Release => {
+                testkit::workspace::binary("podprobe-manager", "podprobe-manager")
+            }
+        },
         outage,
     };
     eprintln!("bench_fleet: {options:?}");
@@ -126,7 +144,9 @@ async fn main() {
         .append(true)
         .open(&jsonl_path)
         .expect("docs/perf/fleet.jsonl");
-    let record = serde_json::json!({"build": args.build, "report": report});
+    let manager_build = format!("{:?}", args.manager_build).to_lowercase();
+    let record =
+        serde_json::json!({"build": args.build, "manager_build": manager_build, "report": report});
     writeln!(jsonl, "{record}").unwrap();
     println!("{}", serde_json::to_string(&report).unwrap());
 }

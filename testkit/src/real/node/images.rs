@@ -68,6 +68,15 @@ pub fn lock(root: &Path) -> Result<BuildLock, Error> {
     Ok(BuildLock(file))
 }
 
+/// The shipped static binaries for this machine (`hack/build-static.sh`, what the images
+/// hold): the directory with `podprobe` and `podprobe-manager`. For benchmarks that measure
+/// what users run (its allocator is musl's, not the host's).
+pub fn shipped_binaries() -> Result<PathBuf, Error> {
+    let root = build_root()?;
+    let _lock = lock(&root)?;
+    Ok(static_binaries(&root, Platform::native()?)?.join("dist"))
+}
+
 /// The node's four images for this machine's architecture. cargo recompiles only what
 /// changed; the images themselves (static files on an empty base) are rebuilt each call, about
 /// 3 s, so an archive is never older than its binaries.
