@@ -113,8 +113,8 @@ impl ConditionBook {
     /// `interval` is not zero), every one of them that is published gets a new `lastProbeTime`,
     /// and is returned. So the heartbeats of a pod are one status write per interval, however
     /// many probes it has and whenever their results last changed (the writer coalesces the
-    /// submissions of one tick into one patch); a condition refreshed early is still true to
-    /// its name, its probe having run within its period.
+    /// submissions of one tick into one patch). As before, a refreshed `lastProbeTime` is the
+    /// heartbeat's time: the sidecar is alive and still publishes this result.
     pub fn refresh<'a>(
         &mut self,
         condition_types: impl IntoIterator<Item = &'a str> + Clone,

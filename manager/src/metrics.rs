@@ -133,7 +133,7 @@ impl Default for Metrics {
         );
         own.register(
             "pods_without_sidecar",
-            "Pods opted in to the sidecar and selected by a PodProbeMarker that run without it: nothing probes them (each has a SidecarMissing Event; recreate them). Counted by the leader in standalone mode with injection",
+            "Pods opted in to the sidecar and selected by a PodProbeMarker that run without it: nothing probes them (each gets a SidecarMissing Event; recreate them). Counted by the leader every 30 s in standalone mode with injection",
             pods_without_sidecar.clone(),
         );
         // Every known label value starts at 0, so a series exists before its first event:

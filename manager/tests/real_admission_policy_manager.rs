@@ -280,11 +280,13 @@ async fn the_manager_creates_only_sidecar_missing_events_about_pods() {
         e
     };
     #[rustfmt::skip] // a table: one case per entry
-    let cases: [(&str, Value, Option<&str>); 5] = [
+    let cases: [(&str, Value, Option<&str>); 7] = [
         ("SidecarMissing about the pod", event("report"), None),
         ("another reason", with("other-reason", "reason", json!("Killing")), Some(ONLY_SIDECAR_MISSING)),
         ("type Normal", with("normal", "type", json!("Normal")), Some(ONLY_SIDECAR_MISSING)),
         ("about a Secret", with("secret", "regarding", json!({"apiVersion": "v1", "kind": "Secret", "namespace": NS, "name": "s"})), Some(ONLY_SIDECAR_MISSING)),
+        ("about a pod of another namespace", with("elsewhere", "regarding", json!({"apiVersion": "v1", "kind": "Pod", "namespace": "kube-system", "name": "p"})), Some(ONLY_SIDECAR_MISSING)),
+        ("as another controller", with("kubelet", "reportingController", json!("kubelet")), Some(ONLY_SIDECAR_MISSING)),
         ("with a related object", with("related", "related", json!({"kind": "Pod", "namespace": NS, "name": "gs-1"})), Some(ONLY_SIDECAR_MISSING)),
     ];
     let events = Api::<Event>::namespaced(manager.clone(), NS);

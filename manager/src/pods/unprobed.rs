@@ -9,8 +9,9 @@
 //! the remedy is to recreate it; what this module adds is that somebody hears of it.
 //!
 //! Every [`SWEEP_INTERVAL`] the leader reads its caches (pods, PodProbeMarkers, namespace labels;
-//! no apiserver request) and reports each such pod once: a Warning Event on the pod (reason
-//! [`REASON`]), and the gauge `podprobe_manager_pods_without_sidecar` with the current count.
+//! no apiserver read) and reports each such pod once per leadership term: a Warning Event
+//! on the pod (reason [`REASON`]), and the gauge `podprobe_manager_pods_without_sidecar` with
+//! the current count.
 //! A sweep, not the pod controller's reconcile: a namespace that opts in later changes no pod,
 //! and the check must see it too.
 
@@ -40,10 +41,14 @@ use crate::pods::runs_sidecar;
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 /// The Event's reason (`kubectl get events --field-selector reason=SidecarMissing`).
 pub const REASON: &str = "SidecarMissing";
+/// The Events' `reportingController` (the chart's policy checks it).
+pub const REPORTING_CONTROLLER: &str = "podprobe-manager";
 /// Events published per sweep at most: a namespace of thousands of pods that opts in after
 /// they started is reported over a few minutes rather than in one burst of writes. The gauge
 /// and the log count all of them at once.
 const EVENTS_PER_SWEEP: usize = 200;
+/// The Events API's limit on a note (`note`: at most 1 kB).
+const NOTE_MAX: usize = 1024;
 
 /// Why `pod` should run the sidecar and does not: the names of the PodProbeMarkers selecting
 /// it, or `None` when it runs the sidecar, did not opt in, is not selected, or has ended.
@@ -70,7 +75,8 @@ pub fn missing_sidecar(
     )
 }
 
-/// The Event's message: what is wrong, why it happened, what to do.
+/// The Event's message: what is wrong, why it may have happened, what to do. At most
+/// [`NOTE_MAX`] bytes, as the Events API takes.
 fn note(pod: &Pod, config: &InjectionConfig, markers: &[String]) -> String {
     let label = &config.inject_label;
     let by_pod = pod
@@ -83,15 +89,32 @@ fn note(pod: &Pod, config: &InjectionConfig, markers: &[String]) -> String {
     } else {
         format!("its namespace's label {label}=enabled")
     };
-    format!(
-        "no {} container although it opted in ({opted}) and PodProbeMarker {} select it: \
-         nothing runs its probes and it gets no markers. It was admitted without \
-         podprobe-manager's pod webhook (unreachable when the pod was created, or the pod \
-         predates the opt-in). A running pod cannot be given a container: recreate it (e.g. \
-         kubectl rollout restart, or delete it for its controller to replace)",
+    let mut names = markers
+        .iter()
+        .take(3)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if markers.len() > 3 {
+        names.push_str(&format!(" and {} more", markers.len() - 3));
+    }
+    let mut note = format!(
+        "no {} container although it opted in ({opted}) and PodProbeMarker {names} select it: \
+         nothing runs its probes and it gets no markers. podprobe-manager's pod webhook did not \
+         inject it: the webhook was unreachable when the pod was created, the pod predates the \
+         opt-in, or the webhook's selectors (chart values webhook.namespaceSelector, \
+         webhook.objectSelector) do not select the pod. A running pod cannot be given a \
+         container: recreate it once the webhook selects it (e.g. kubectl rollout restart)",
         config.container_name,
-        markers.join(", ")
-    )
+    );
+    if note.len() > NOTE_MAX {
+        let mut end = NOTE_MAX;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+    }
+    note
 }
 
 /// What one sweep needs.
@@ -101,8 +124,9 @@ pub struct Sweep {
     pub namespaces: Store<Namespace>,
     pub config: InjectionConfig,
     pub metrics: Arc<Metrics>,
-    pub recorder: Recorder,
-    /// Pods (by uid) whose Event was published; forgotten once they are gone or fixed.
+    client: Client,
+    /// Pods (by uid) whose Event was published in this leadership term; forgotten once they
+    /// are gone or fixed.
     reported: BTreeSet<String>,
     /// The last count logged, so the log says when it changes rather than every sweep.
     logged: Option<usize>,
@@ -125,17 +149,13 @@ impl Sweep {
         config: InjectionConfig,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "podprobe-manager".into(),
-            instance: Some(crate::leader::replica_name()),
-        };
         Self {
             pods,
             ppms,
             namespaces,
             config,
             metrics,
-            recorder: Recorder::new(client, reporter),
+            client,
             reported: BTreeSet::new(),
             logged: None,
         }
@@ -180,7 +200,17 @@ impl Sweep {
             }
             self.logged = Some(found.len());
         }
-        let mut published = 0;
+        // A Recorder per sweep: one that remembers an Event patches it into a series when the
+        // same pod is reported again within minutes (it left the result and came back), and
+        // the manager may only create Events.
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: REPORTING_CONTROLLER.into(),
+                instance: Some(crate::leader::replica_name()),
+            },
+        );
+        let (mut published, mut failed) = (0, 0);
         for (pod, markers) in &found {
             let Some(uid) = pod.metadata.uid.clone() else {
                 continue;
@@ -198,17 +228,25 @@ impl Sweep {
                 action: "CheckSidecar".into(),
                 secondary: None,
             };
-            match self.recorder.publish(&event, &pod.object_ref(&())).await {
+            match recorder.publish(&event, &pod.object_ref(&())).await {
                 Ok(()) => {
                     published += 1;
                     self.reported.insert(uid);
                 }
                 Err(e) => {
-                    // Tried again next sweep; one line per sweep, not one per pod.
-                    tracing::warn!(pod = %name(pod), "cannot publish the {REASON} Event: {e}");
-                    break;
+                    // The pod is tried again next sweep; the others go on (one pod whose
+                    // Event is refused must not silence the rest). One line per sweep.
+                    if failed == 0 {
+                        tracing::warn!(pod = %name(pod), "cannot publish the {REASON} Event: {e}");
+                    }
+                    failed += 1;
                 }
             }
+        }
+        if failed > 1 {
+            tracing::warn!(
+                "{failed} {REASON} Events refused in this sweep; tried again next sweep"
+            );
         }
     }
 
@@ -234,7 +272,12 @@ impl Sweep {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tick.tick() => self.run_once().await,
+                _ = tick.tick() => {}
+            }
+            // A sweep's Events end with leadership: a new leader reports afresh.
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = self.run_once() => {}
             }
         }
         self.metrics.pods_without_sidecar.set(0);
@@ -302,6 +345,21 @@ mod tests {
         assert!(missing_sidecar(&by_label, &[ppm()], &config(), None).is_some());
         assert!(note(&by_label, &config(), &["idle".into()]).contains("the pod's label"));
         assert!(note(&p, &config(), &["idle".into()]).contains("its namespace's label"));
+    }
+
+    #[test]
+    fn the_note_names_three_markers_at_most_and_fits_the_events_api() {
+        let p = pod(json!({"app": "game"}), &["main"], "Running");
+        let long: Vec<String> = (0..5).map(|i| format!("{i}{}", "m".repeat(250))).collect();
+        let note = note(&p, &config(), &long);
+        assert!(note.len() <= NOTE_MAX, "{}", note.len());
+        assert!(note.contains(&long[2]) && !note.contains(&long[3]));
+        let short = super::note(
+            &p,
+            &config(),
+            &["a".into(), "b".into(), "c".into(), "d".into()],
+        );
+        assert!(short.contains("a, b, c and 1 more select it"), "{short}");
     }
 
     #[test]
