@@ -71,6 +71,10 @@ struct Args {
     /// allocator; the figures before the shipped one was measured).
     #[arg(long, value_enum, default_value_t = ManagerBuild::Shipped)]
     manager_build: ManagerBuild,
+    /// Start at most this many sidecars a second (one host process at a time), as a fleet's
+    /// controllers and nodes pace its pods; unset, every sidecar starts at once.
+    #[arg(long)]
+    start_rate: Option<std::num::NonZeroU32>,
     /// Label of this build in the CSV (e.g. `before`).
     #[arg(long, default_value = "this")]
     build: String,
@@ -128,6 +132,7 @@ async fn main() {
             }
         },
         outage,
+        start_rate: args.start_rate,
     };
     eprintln!("bench_fleet: {options:?}");
     let report = match podprobe_fleet::run(&options).await {
@@ -145,8 +150,8 @@ async fn main() {
         .open(&jsonl_path)
         .expect("docs/perf/fleet.jsonl");
     let manager_build = format!("{:?}", args.manager_build).to_lowercase();
-    let record =
-        serde_json::json!({"build": args.build, "manager_build": manager_build, "report": report});
+    let record = serde_json::json!({"build": args.build, "manager_build": manager_build,
+            "start_rate": args.start_rate, "report": report});
     writeln!(jsonl, "{record}").unwrap();
     println!("{}", serde_json::to_string(&report).unwrap());
 }

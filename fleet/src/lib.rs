@@ -81,6 +81,8 @@ pub struct FleetOptions {
     pub manager_binary: PathBuf,
     /// A fault during the flips (the flipping window should outlast its recovery window).
     pub outage: Option<OutagePlan>,
+    /// Sidecars started per second at most (`None`: all at once).
+    pub start_rate: Option<std::num::NonZeroU32>,
 }
 
 /// Open files a production kube-apiserver may hold (containerd's and systemd units'
@@ -140,7 +142,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let baseline = measure::quiet(&cluster, &no_sidecars, idle_window, n).await?;
 
     let started = Instant::now();
-    let mut hosts = sidecars::Hosts::start(
+    let mut hosts = sidecars::Hosts::start_paced(
         &options.sidecar_host,
         work.path(),
         &pods,
@@ -148,7 +150,9 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         options.source,
         options.event_burst,
         podprobe::sidecar::RepairPolicy::default(),
-    )?;
+        options.start_rate,
+    )
+    .await?;
     let processes = measure::Processes::of(&cluster, hosts.pids());
     let before = measure::sample(&cluster, &processes).await?;
     wait_all_showing(&tracker, &targets, &mut hosts, n, false).await?;

@@ -79,6 +79,56 @@ pub struct Hosts {
 }
 
 impl Hosts {
+    /// [`Hosts::start`] at `rate` sidecars a second at most (one host process at a time),
+    /// as a fleet's pods start when their controllers and nodes pace them; `None` starts
+    /// every process at once.
+    #[allow(clippy::too_many_arguments)] // Hosts::start's, and the pace
+    pub async fn start_paced(
+        binary: &Path,
+        work: &Path,
+        pods: &[FleetPod],
+        per_process: usize,
+        source: Source,
+        event_burst: NonZeroU32,
+        overwrite_repair: RepairPolicy,
+        rate: Option<std::num::NonZeroU32>,
+    ) -> Result<Hosts, FleetError> {
+        let Some(rate) = rate else {
+            return Self::start(
+                binary,
+                work,
+                pods,
+                per_process,
+                source,
+                event_burst,
+                overwrite_repair,
+            );
+        };
+        let per_process = per_process.max(1);
+        let gap = Duration::from_secs_f64(per_process as f64 / f64::from(rate.get()));
+        let mut hosts = Hosts {
+            children: Vec::new(),
+        };
+        for (n, chunk) in pods.chunks(per_process).enumerate() {
+            if n > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            let dir = work.join(format!("paced-{n}"));
+            std::fs::create_dir_all(&dir)?;
+            let mut more = Self::start(
+                binary,
+                &dir,
+                chunk,
+                per_process,
+                source,
+                event_burst,
+                overwrite_repair,
+            )?;
+            hosts.children.append(&mut more.children);
+        }
+        Ok(hosts)
+    }
+
     /// Starts `pods` in processes of `per_process` instances each.
     pub fn start(
         binary: &Path,

@@ -24,5 +24,6 @@ pub fn small_fleet(pods: usize, per_process: usize, seconds: u64) -> FleetOption
         sidecar_host: env!("CARGO_BIN_EXE_podprobe-fleet-sidecars").into(),
         manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
         outage: None,
+        start_rate: None,
     }
 }
