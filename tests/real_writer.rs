@@ -33,6 +33,7 @@ async fn writer_for_new_pod(cluster: &Cluster) -> Writing {
         backoff_min: Duration::from_millis(50),
         backoff_max: Duration::from_millis(400),
         unavailable_backoff_max: Duration::from_millis(400),
+        throttled_backoff_max: Duration::from_millis(400),
     };
     let metrics = Metrics::new();
     let (writer, task) = ConditionWriter::spawn(

@@ -62,6 +62,31 @@ pub(super) fn explain(pod: &str, code: Option<u16>, error: &kube::Error) -> Stri
 
 /// Equal jitter: a wait in [backoff/2, backoff], so retries of many pods spread out but none
 /// comes back sooner than half the backoff.
+/// The wait after a failed write, and the backoff after it: doubling from `backoff` to the
+/// cap of its kind (refused, cannot answer, throttled), half to all of it at random. A
+/// `Retry-After` is the wait as given, except on a 429, where it is a floor under the growing
+/// backoff: every sidecar of a fleet gets the same 1 s, and honouring it exactly makes them
+/// ask again together.
+pub(super) fn failure_wait(
+    config: &super::WriterConfig,
+    code: Option<u16>,
+    retry_after: Option<Duration>,
+    backoff: Duration,
+) -> (Duration, Duration) {
+    let cap = match code {
+        Some(429) => config.throttled_backoff_max,
+        _ if cannot_answer(code) => config.unavailable_backoff_max,
+        _ => config.backoff_max,
+    };
+    let next = (backoff * 2).min(cap);
+    let wait = match (code, retry_after) {
+        (Some(429), hint) => jitter(backoff.min(cap)).max(hint.unwrap_or_default()),
+        (_, Some(hint)) => hint,
+        _ => jitter(backoff.min(cap)),
+    };
+    (wait, next)
+}
+
 pub(super) fn jitter(backoff: Duration) -> Duration {
     backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0)
 }

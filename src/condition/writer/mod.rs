@@ -23,7 +23,7 @@ mod state;
 use super::{FIELD_MANAGER, status_patch};
 use crate::failures::{FailureRun, Loudness};
 use crate::metrics::Metrics;
-use failure::{cannot_answer, classify, explain, jitter};
+use failure::{cannot_answer, classify, explain, failure_wait, jitter};
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
 use state::{State, requeue};
 
@@ -41,6 +41,10 @@ pub struct WriterConfig {
     /// apiserver's recovery rather than a backoff grown during the outage. A refused
     /// connection costs the apiserver nothing; see docs/protocol.md, "Outages".
     pub unavailable_backoff_max: Duration,
+    /// Cap of the backoff while the apiserver answers 429 (API Priority and Fairness: its
+    /// queues for this client are full). Its `Retry-After` (1 s) is a floor, not the wait: a
+    /// fleet that all asks again after one second keeps the queues full (docs/scale.md).
+    pub throttled_backoff_max: Duration,
 }
 
 impl Default for WriterConfig {
@@ -50,6 +54,7 @@ impl Default for WriterConfig {
             backoff_min: Duration::from_millis(200),
             backoff_max: Duration::from_secs(60),
             unavailable_backoff_max: Duration::from_secs(4),
+            throttled_backoff_max: Duration::from_secs(30),
         }
     }
 }
@@ -398,15 +403,10 @@ impl WriteLoop {
         self.metrics.write_error(code);
         self.log_failure(code, error);
         let unavailable = cannot_answer(code);
-        let cap = if unavailable {
-            self.config.unavailable_backoff_max
-        } else {
-            self.config.backoff_max
-        };
-        let wait = retry_after.unwrap_or_else(|| jitter(self.backoff.min(cap)));
-        self.backoff = (self.backoff * 2).min(cap);
+        let (wait, next) = failure_wait(&self.config, code, retry_after, self.backoff);
+        self.backoff = next;
         self.coalesce = false;
-        if !unavailable || retry_after.is_some() {
+        if !unavailable || retry_after.is_some() || code == Some(429) {
             tokio::time::sleep(wait).await;
             return;
         }
