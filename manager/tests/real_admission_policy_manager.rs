@@ -224,42 +224,9 @@ async fn the_manager_creates_only_sidecar_token_secrets() {
         ("no owner", unowned, Some(ONLY_TOKENS)),
         ("a key beyond token and namespace", more, Some(ONLY_TOKENS)),
     ];
-    let secrets = Api::<Secret>::namespaced(manager.clone(), NS);
-    let create = |secret: &Value| {
-        let secret: Secret = serde_json::from_value(secret.clone()).unwrap();
-        let secrets = secrets.clone();
-        async move {
-            match secrets.create(&PostParams::default(), &secret).await {
-                Ok(_) => (200, String::new()),
-                Err(kube::Error::Api(s)) => (s.code, s.message),
-                Err(e) => panic!("{e}"),
-            }
-        }
-    };
-    // Enforced asynchronously: until a Secret of another name is refused.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while create(&token("enforced-yet")).await.0 == 200 {
-        assert!(Instant::now() < deadline, "the policy never took effect");
-        Api::<Secret>::namespaced(cp.client(), NS)
-            .delete("enforced-yet", &Default::default())
-            .await
-            .unwrap();
-    }
-    let mut failures = Vec::new();
-    for (what, secret, expect) in &cases {
-        let answer = create(secret).await;
-        println!("{what:<40} manager {answer:?}");
-        let right = match expect {
-            None => answer.0 == 200,
-            Some(why) => {
-                answer.0 == 403 && answer.1.contains(SECRETS_POLICY) && answer.1.contains(why)
-            }
-        };
-        if !right {
-            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
-        }
-    }
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    // The policy takes effect asynchronously: until a Secret of another name is refused.
+    let probe = token("enforced-yet");
+    creates_as_expected::<Secret>(&cp, &manager, SECRETS_POLICY, probe, &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,40 +256,54 @@ async fn the_manager_creates_only_sidecar_missing_events_about_pods() {
         ("as another controller", with("kubelet", "reportingController", json!("kubelet")), Some(ONLY_SIDECAR_MISSING)),
         ("with a related object", with("related", "related", json!({"kind": "Pod", "namespace": NS, "name": "gs-1"})), Some(ONLY_SIDECAR_MISSING)),
     ];
-    let events = Api::<Event>::namespaced(manager.clone(), NS);
-    let create = |event: &Value| {
-        let event: Event = serde_json::from_value(event.clone()).unwrap();
-        let events = events.clone();
-        async move {
-            match events.create(&PostParams::default(), &event).await {
-                Ok(_) => (200, String::new()),
-                Err(kube::Error::Api(s)) => (s.code, s.message),
-                Err(e) => panic!("{e}"),
-            }
+    // The policy takes effect asynchronously: until an Event of another reason is refused.
+    let probe = with("enforced-yet", "reason", json!("Other"));
+    creates_as_expected::<Event>(&cp, &manager, EVENTS_POLICY, probe, &cases).await;
+}
+
+/// Creates each case's object in [`NS`] as the manager and checks the answer: created (`None`)
+/// or refused by `policy` with a message naming the reason given. First waits until the policy
+/// is enforced (it takes effect asynchronously): until `probe`, which it refuses, is refused
+/// (the admin deletes each `probe` created before). Panics listing every case answered
+/// otherwise.
+async fn creates_as_expected<K>(
+    cp: &ControlPlane,
+    manager: &Client,
+    policy: &str,
+    probe: Value,
+    cases: &[(&str, Value, Option<&str>)],
+) where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let objects = Api::<K>::namespaced(manager.clone(), NS);
+    let create = async |object: &Value| {
+        let object: K = serde_json::from_value(object.clone()).unwrap();
+        match objects.create(&PostParams::default(), &object).await {
+            Ok(_) => (200, String::new()),
+            Err(kube::Error::Api(s)) => (s.code, s.message),
+            Err(e) => panic!("{e}"),
         }
     };
-    // Enforced asynchronously: until an Event of another reason is refused.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while create(&with("enforced-yet", "reason", json!("Other")))
-        .await
-        .0
-        == 200
-    {
-        assert!(Instant::now() < deadline, "the policy never took effect");
-        Api::<Event>::namespaced(cp.client(), NS)
-            .delete("enforced-yet", &Default::default())
+    let probe_name = probe["metadata"]["name"].as_str().unwrap().to_owned();
+    while create(&probe).await.0 == 200 {
+        assert!(Instant::now() < deadline, "{policy} never took effect");
+        Api::<K>::namespaced(cp.client(), NS)
+            .delete(&probe_name, &Default::default())
             .await
             .unwrap();
     }
     let mut failures = Vec::new();
-    for (what, event, expect) in &cases {
-        let answer = create(event).await;
+    for (what, object, expect) in cases {
+        let answer = create(object).await;
         println!("{what:<40} manager {answer:?}");
         let right = match expect {
             None => answer.0 == 200,
-            Some(why) => {
-                answer.0 == 403 && answer.1.contains(EVENTS_POLICY) && answer.1.contains(why)
-            }
+            Some(why) => answer.0 == 403 && answer.1.contains(policy) && answer.1.contains(why),
         };
         if !right {
             failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
