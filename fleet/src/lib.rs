@@ -142,7 +142,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let baseline = measure::quiet(&cluster, &no_sidecars, idle_window, n).await?;
 
     let started = Instant::now();
-    let mut hosts = sidecars::Hosts::start_paced(
+    let mut hosts = sidecars::Hosts::start(
         &options.sidecar_host,
         work.path(),
         &pods,

@@ -202,15 +202,19 @@ pub async fn run(options: &ProvidersOptions) -> Result<ProvidersReport, FleetErr
             .collect();
         let dir = work.path().join(format!("group-{g}"));
         std::fs::create_dir_all(&dir)?;
-        hosts.push(sidecars::Hosts::start(
-            &options.sidecar_host,
-            &dir,
-            &group,
-            1,
-            Source::Api,
-            std::num::NonZeroU32::new(25).expect("non-zero"),
-            *policy,
-        )?);
+        hosts.push(
+            sidecars::Hosts::start(
+                &options.sidecar_host,
+                &dir,
+                &group,
+                1,
+                Source::Api,
+                std::num::NonZeroU32::new(25).expect("non-zero"),
+                *policy,
+                None,
+            )
+            .await?,
+        );
     }
     wait_complete(&seen, &cluster, &mut hosts).await?;
     // Start-up's writes (first results, Events) are not what is measured.

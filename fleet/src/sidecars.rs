@@ -79,11 +79,12 @@ pub struct Hosts {
 }
 
 impl Hosts {
-    /// [`Hosts::start`] at `rate` sidecars a second at most (one host process at a time),
-    /// as a fleet's pods start when their controllers and nodes pace them; `None` starts
-    /// every process at once.
-    #[allow(clippy::too_many_arguments)] // Hosts::start's, and the pace
-    pub async fn start_paced(
+    /// Starts `pods` in processes of `per_process` instances each: at `rate` sidecars a
+    /// second at most (one host process at a time), as a fleet's pods start when their
+    /// controllers and nodes pace them, or every process at once (`None`). Processes already
+    /// started are killed when a later one cannot start.
+    #[allow(clippy::too_many_arguments)] // what a host runs, and the pace
+    pub async fn start(
         binary: &Path,
         work: &Path,
         pods: &[FleetPod],
@@ -91,56 +92,17 @@ impl Hosts {
         source: Source,
         event_burst: NonZeroU32,
         overwrite_repair: RepairPolicy,
-        rate: Option<std::num::NonZeroU32>,
+        rate: Option<NonZeroU32>,
     ) -> Result<Hosts, FleetError> {
-        let Some(rate) = rate else {
-            return Self::start(
-                binary,
-                work,
-                pods,
-                per_process,
-                source,
-                event_burst,
-                overwrite_repair,
-            );
-        };
         let per_process = per_process.max(1);
-        let gap = Duration::from_secs_f64(per_process as f64 / f64::from(rate.get()));
+        let gap = rate.map(|r| Duration::from_secs_f64(per_process as f64 / f64::from(r.get())));
         let mut hosts = Hosts {
             children: Vec::new(),
         };
         for (n, chunk) in pods.chunks(per_process).enumerate() {
-            if n > 0 {
+            if let Some(gap) = gap.filter(|_| n > 0) {
                 tokio::time::sleep(gap).await;
             }
-            let dir = work.join(format!("paced-{n}"));
-            std::fs::create_dir_all(&dir)?;
-            let mut more = Self::start(
-                binary,
-                &dir,
-                chunk,
-                per_process,
-                source,
-                event_burst,
-                overwrite_repair,
-            )?;
-            hosts.children.append(&mut more.children);
-        }
-        Ok(hosts)
-    }
-
-    /// Starts `pods` in processes of `per_process` instances each.
-    pub fn start(
-        binary: &Path,
-        work: &Path,
-        pods: &[FleetPod],
-        per_process: usize,
-        source: Source,
-        event_burst: NonZeroU32,
-        overwrite_repair: RepairPolicy,
-    ) -> Result<Hosts, FleetError> {
-        let mut children = Vec::new();
-        for (n, chunk) in pods.chunks(per_process.max(1)).enumerate() {
             let spec = HostSpec {
                 source,
                 event_burst,
@@ -159,9 +121,9 @@ impl Hosts {
                 .stderr(log)
                 .spawn()
                 .map_err(|e| FleetError::Setup(format!("{}: {e}", binary.display())))?;
-            children.push(child);
+            hosts.children.push(child);
         }
-        Ok(Hosts { children })
+        Ok(hosts)
     }
 
     pub fn pids(&self) -> Vec<u32> {
