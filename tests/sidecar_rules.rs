@@ -92,6 +92,117 @@ async fn refresh_interval_moves_only_last_probe_time() {
     .await;
 }
 
+/// §5 heartbeat: one status patch per pod per refresh, carrying every condition, also when the
+/// pod's conditions last changed at different times (before, each kept its own schedule: a
+/// patch per condition).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_heartbeat_is_one_patch_with_all_its_conditions() {
+    let cluster = Cluster::start().await;
+    let (a, b) = (cluster.dir.path().join("a"), cluster.dir.path().join("b"));
+    std::fs::write(&a, "a").unwrap();
+    std::fs::write(&b, "b").unwrap();
+    let both = array(&[file_probe("a", "c/a", &a), file_probe("b", "c/b", &b)]);
+    let pod = cluster.create_pod("gs-r", &both, json!([])).await;
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let args = ["--refresh-interval", "4s", "--metrics-addr", &metrics_addr];
+    let _sidecar = cluster.sidecar(&pod, &args).await;
+    cluster
+        .wait_pod("gs-r", LIMIT, |p| {
+            has_status(p, "c/a", "True") && has_status(p, "c/b", "True")
+        })
+        .await;
+    // c/b changes seconds after c/a was last written: their lastProbeTimes differ from then on.
+    let seen = attempts(port, "c/b").await;
+    wait_attempts(port, "c/b", seen + 2).await;
+    std::fs::remove_file(&b).unwrap();
+    // The patches after c/b's change (the journal records one once it is answered) are
+    // heartbeats; c/a's is due first, and carries c/b with it.
+    let types = |e: &testkit::Entry| -> Vec<(String, String)> {
+        let mut t: Vec<(String, String)> = e.json()["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| Some((c["type"].as_str()?.into(), c["status"].as_str()?.into())))
+            .collect();
+        t.sort();
+        t
+    };
+    let after_change = || -> Option<Vec<Vec<(String, String)>>> {
+        let patches = cluster.proxy.journal().matching("PATCH", "pods/status");
+        let change = patches
+            .iter()
+            .position(|e| types(e).contains(&("c/b".into(), "False".into())))?;
+        let heartbeats: Vec<_> = patches[change + 1..].iter().map(types).collect();
+        (heartbeats.len() >= 2).then_some(heartbeats)
+    };
+    wait_until(
+        Duration::from_secs(60),
+        "two heartbeats after c/b's change",
+        || after_change().is_some(),
+    )
+    .await;
+    let heartbeats: Vec<Vec<String>> = after_change()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.into_iter().map(|(ty, _)| ty).collect())
+        .collect();
+    assert!(
+        heartbeats.iter().all(|t| t == &["c/a", "c/b"]),
+        "each heartbeat carries both conditions: {heartbeats:?}"
+    );
+}
+
+/// §5 errors: after a 429 the writer waits at least the server's `Retry-After`, and longer
+/// each time it is answered 429 again (10 000 sidecars that all asked again after exactly the
+/// hint kept API Priority and Fairness' queues full: docs/scale.md). Six 429s with
+/// `Retry-After: 1`: every wait is at least the second, the last one at least 3 s, and the
+/// condition lands after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_429s_the_writer_waits_longer_than_the_hint_each_time() {
+    let cluster = Cluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let pod = cluster
+        .create_pod("gs-t", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
+        .await;
+    cluster.proxy.faults().add(
+        Fault::too_many_requests(1)
+            .method("PATCH")
+            .path_contains("pods/gs-t/status")
+            .times(6),
+    );
+    let _sidecar = cluster.sidecar(&pod, &[]).await;
+    cluster
+        .wait_pod("gs-t", Duration::from_secs(60), |p| {
+            has_status(p, "c/p", "True")
+        })
+        .await;
+    wait_until(LIMIT, "the accepted write journaled", || {
+        cluster.status_patches() >= 7
+    })
+    .await;
+    let patches = cluster.proxy.journal().matching("PATCH", "pods/status");
+    let codes: Vec<u16> = patches.iter().map(|e| e.status).collect();
+    assert_eq!(codes[..7], [429, 429, 429, 429, 429, 429, 200], "{codes:?}");
+    let at: Vec<jiff::Timestamp> = patches[..7]
+        .iter()
+        .map(|e| e.time.parse().unwrap())
+        .collect();
+    let gaps: Vec<f64> = at
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+        .collect();
+    assert!(
+        gaps.iter().all(|g| *g >= 0.99),
+        "each wait at least the hint: {gaps:?}"
+    );
+    assert!(
+        gaps[5] >= 3.0,
+        "the sixth wait grew past the hint: {gaps:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prune_conditions_deletes_only_removed_probes_conditions() {
     let cluster = Cluster::start().await;
