@@ -163,15 +163,21 @@ impl Sweep {
 
     /// The pods without their sidecar now, each with the PodProbeMarkers selecting it.
     fn find(&self) -> Vec<(Arc<Pod>, Vec<String>)> {
-        let mut labels_of: BTreeMap<String, Option<BTreeMap<String, String>>> = BTreeMap::new();
+        // What each namespace gives its pods, read once per namespace and sweep.
+        type Given = (Option<BTreeMap<String, String>>, Arc<Vec<PodProbeMarker>>);
+        let mut namespaces: BTreeMap<String, Given> = BTreeMap::new();
         let mut found = Vec::new();
         for pod in self.pods.state() {
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            let labels = labels_of
-                .entry(ns.clone())
-                .or_insert_with(|| namespace_labels(&self.namespaces, &ns));
-            let ppms = self.ppms.namespace(&ns);
-            if let Some(markers) = missing_sidecar(&pod, &ppms, &self.config, labels.as_ref()) {
+            let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+            if !namespaces.contains_key(ns) {
+                let given = (
+                    namespace_labels(&self.namespaces, ns),
+                    self.ppms.namespace(ns),
+                );
+                namespaces.insert(ns.to_owned(), given);
+            }
+            let (labels, ppms) = &namespaces[ns];
+            if let Some(markers) = missing_sidecar(&pod, ppms, &self.config, labels.as_ref()) {
                 found.push((pod, markers));
             }
         }
