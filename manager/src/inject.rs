@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerPort, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource,
     ObjectFieldSelector, Pod, PodReadinessGate, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::config::InjectionConfig;
@@ -34,14 +35,14 @@ pub struct InjectContext<'a> {
     pub request_uid: &'a str,
 }
 
-/// Whether the pod opted in: pod label `enabled`, or namespace label `enabled` without a pod
-/// label `disabled`.
+/// Whether the pod (by its metadata) opted in: pod label `enabled`, or namespace label
+/// `enabled` without a pod label `disabled`.
 pub fn opted_in(
-    pod: &Pod,
+    pod: &ObjectMeta,
     config: &InjectionConfig,
     namespace_labels: Option<&BTreeMap<String, String>>,
 ) -> bool {
-    match label_value(pod.metadata.labels.as_ref(), &config.inject_label) {
+    match label_value(pod.labels.as_ref(), &config.inject_label) {
         Some("enabled") => true,
         Some("disabled") => false,
         _ => label_value(namespace_labels, &config.inject_label) == Some("enabled"),
@@ -170,7 +171,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
     let Some(spec) = &pod.spec else {
         return vec![];
     };
-    if !opted_in(pod, config, ctx.namespace_labels) {
+    if !opted_in(&pod.metadata, config, ctx.namespace_labels) {
         return vec![];
     }
     let name = config.container_name.as_str();
@@ -333,11 +334,11 @@ mod tests {
     fn opt_in_by_pod_or_namespace_and_opt_out_by_pod() {
         let c = config();
         let ns = labels(ENABLED);
-        assert!(opted_in(&pod(ENABLED), &c, None));
-        assert!(!opted_in(&pod(&[]), &c, None));
-        assert!(opted_in(&pod(&[]), &c, Some(&ns)));
+        assert!(opted_in(&pod(ENABLED).metadata, &c, None));
+        assert!(!opted_in(&pod(&[]).metadata, &c, None));
+        assert!(opted_in(&pod(&[]).metadata, &c, Some(&ns)));
         assert!(!opted_in(
-            &pod(&[("podprobe.io/inject", "disabled")]),
+            &pod(&[("podprobe.io/inject", "disabled")]).metadata,
             &c,
             Some(&ns)
         ));

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -29,14 +28,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::crd::PodProbeMarker;
 use crate::metrics::Metrics;
+use crate::pods::CachedPod;
 use crate::selector;
-use podprobe_protocol::pod::is_active;
 
 /// How often every PPM is recounted without a trigger.
 const RECOUNT: Duration = Duration::from_secs(60);
 
 /// Pods `ppm` matches among `pods` (all namespaces).
-pub fn matched_pods<'a>(ppm: &PodProbeMarker, pods: impl Iterator<Item = &'a Pod>) -> i64 {
+pub fn matched_pods<'a>(ppm: &PodProbeMarker, pods: impl Iterator<Item = &'a CachedPod>) -> i64 {
     let Some(sel) = ppm
         .spec
         .selector
@@ -49,22 +48,8 @@ pub fn matched_pods<'a>(ppm: &PodProbeMarker, pods: impl Iterator<Item = &'a Pod
     let empty = BTreeMap::new();
     let n = pods
         .filter(|p| p.metadata.namespace.as_deref() == ns)
-        .filter(|p| is_active(p))
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_deref())
-                .is_some_and(|n| !n.is_empty())
-        })
-        .filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c.type_ == "Initialized" && c.status == "True")
-                })
-        })
+        .filter(|p| p.is_active() && p.node().is_some())
+        .filter(|p| p.condition("Initialized") == Some("True"))
         .filter(|p| {
             selector::matches(sel, p.metadata.labels.as_ref().unwrap_or(&empty)).unwrap_or(false)
         })
@@ -74,7 +59,7 @@ pub fn matched_pods<'a>(ppm: &PodProbeMarker, pods: impl Iterator<Item = &'a Pod
 
 pub struct StatusContext {
     pub client: Client,
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     pub metrics: Arc<Metrics>,
 }
 

@@ -5,13 +5,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 
-use super::{MarkerScope, is_serverless};
+use super::{CachedPod, MarkerScope, is_serverless};
 
 /// Pods by node name, kept from the pod watch (the same events the pod cache applies), so a node
 /// change reaches exactly the pods on that node without a list call.
@@ -22,21 +22,14 @@ pub struct PodsByNode {
 
 #[derive(Debug, Default)]
 struct NodeIndex {
-    by_node: HashMap<String, HashSet<ObjectRef<Pod>>>,
-    node_of: HashMap<ObjectRef<Pod>, String>,
+    by_node: HashMap<String, HashSet<ObjectRef<CachedPod>>>,
+    node_of: HashMap<ObjectRef<CachedPod>, String>,
     /// During a relist: the listed pods, swapped in at its end (as the cache does).
-    relist: Option<Vec<(ObjectRef<Pod>, String)>>,
-}
-
-fn node_name(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty())
+    relist: Option<Vec<(ObjectRef<CachedPod>, String)>>,
 }
 
 impl NodeIndex {
-    fn remove(&mut self, pod_ref: &ObjectRef<Pod>) {
+    fn remove(&mut self, pod_ref: &ObjectRef<CachedPod>) {
         if let Some(node) = self.node_of.remove(pod_ref)
             && let Some(pods) = self.by_node.get_mut(&node)
         {
@@ -47,7 +40,7 @@ impl NodeIndex {
         }
     }
 
-    fn insert(&mut self, pod_ref: ObjectRef<Pod>, node: String) {
+    fn insert(&mut self, pod_ref: ObjectRef<CachedPod>, node: String) {
         self.by_node
             .entry(node.clone())
             .or_default()
@@ -62,12 +55,12 @@ impl PodsByNode {
     }
 
     /// Follow the pod watch.
-    pub fn observe(&self, event: &Event<Pod>) {
+    pub fn observe(&self, event: &Event<CachedPod>) {
         let mut index = self.lock();
         match event {
             Event::Apply(pod) => {
                 let pod_ref = ObjectRef::from_obj(pod);
-                let node = node_name(pod);
+                let node = pod.node();
                 if index.node_of.get(&pod_ref).map(String::as_str) != node {
                     index.remove(&pod_ref);
                     if let Some(node) = node {
@@ -78,7 +71,7 @@ impl PodsByNode {
             Event::Delete(pod) => index.remove(&ObjectRef::from_obj(pod)),
             Event::Init => index.relist = Some(Vec::new()),
             Event::InitApply(pod) => {
-                if let (Some(listed), Some(node)) = (index.relist.as_mut(), node_name(pod)) {
+                if let (Some(listed), Some(node)) = (index.relist.as_mut(), pod.node()) {
                     listed.push((ObjectRef::from_obj(pod), node.to_owned()));
                 }
             }
@@ -94,7 +87,7 @@ impl PodsByNode {
     }
 
     /// The pods on `node`.
-    pub fn pods_on(&self, node: &str) -> Vec<ObjectRef<Pod>> {
+    pub fn pods_on(&self, node: &str) -> Vec<ObjectRef<CachedPod>> {
         self.lock()
             .by_node
             .get(node)
@@ -170,7 +163,7 @@ pub(super) fn node_triggers(
     writer: reflector::store::Writer<Node>,
     scope: MarkerScope,
     pods: Arc<PodsByNode>,
-) -> impl Stream<Item = ObjectRef<Pod>> + Send + 'static {
+) -> impl Stream<Item = ObjectRef<CachedPod>> + Send + 'static {
     let mut serverless = ServerlessNodes::default();
     watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
         .backoff(podprobe_ops::backoff::WatchBackoff::default())
@@ -185,7 +178,7 @@ pub(super) fn node_triggers(
             })
         })
         .flat_map(move |event| {
-            let refs: Vec<ObjectRef<Pod>> = serverless
+            let refs: Vec<ObjectRef<CachedPod>> = serverless
                 .changed(&event, &scope)
                 .iter()
                 .flat_map(|node| pods.pods_on(node))

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use podprobe_protocol::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
 
+use super::CachedPod;
 use crate::annotate;
 use crate::crd::PodProbeMarker;
 use crate::markers::{MarkerPatch, marker_patch};
@@ -161,11 +162,11 @@ pub fn desired_patch(
 
 /// The strategic-merge body for `patch`, with the pod's `metadata.uid` as a guard (a
 /// same-named replacement pod is refused: [`refused_by_uid_guard`]).
-pub fn patch_body(pod: &Pod, patch: &MarkerPatch) -> serde_json::Value {
+pub fn patch_body(pod: &ObjectMeta, patch: &MarkerPatch) -> serde_json::Value {
     let mut body = serde_json::to_value(patch).unwrap_or_default();
     if let (Some(meta), Some(uid)) = (
         body.get_mut("metadata").and_then(|m| m.as_object_mut()),
-        pod.metadata.uid.as_ref(),
+        pod.uid.as_ref(),
     ) {
         meta.insert("uid".into(), uid.clone().into());
     }
@@ -173,7 +174,7 @@ pub fn patch_body(pod: &Pod, patch: &MarkerPatch) -> serde_json::Value {
 }
 
 /// What the decisions above read from a pod; the watch drops events that leave it unchanged.
-pub fn fingerprint(pod: &Pod) -> Option<u64> {
+pub fn fingerprint(pod: &CachedPod) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     pod.metadata.labels.hash(&mut h);
     let annotations = pod.metadata.annotations.as_ref();
@@ -182,14 +183,8 @@ pub fn fingerprint(pod: &Pod) -> Option<u64> {
     }
     pod.metadata.deletion_timestamp.is_some().hash(&mut h);
     pod.metadata.uid.hash(&mut h);
-    if let Some(spec) = &pod.spec {
-        spec.node_name.hash(&mut h);
-    }
-    if let Some(status) = &pod.status {
-        status.phase.hash(&mut h);
-        for c in status.conditions.iter().flatten() {
-            (&c.type_, &c.status).hash(&mut h);
-        }
-    }
+    pod.node_name.hash(&mut h);
+    pod.phase.hash(&mut h);
+    pod.conditions.hash(&mut h);
     Some(h.finish())
 }

@@ -29,22 +29,22 @@
 //! new pod has its own events).
 //!
 //! Rooms: [`decide`] (per pod: markers, propagation, the patch), [`written`] (patches the cache
-//! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`trim()`] (what the pod
+//! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`cached`] (what the pod
 //! cache keeps of each pod), [`unprobed`] (pods that should run the sidecar and do not); the
 //! controller is here.
 
 pub mod by_node;
+mod cached;
 pub mod decide;
 #[cfg(test)]
 mod tests;
-mod trim;
 pub mod unprobed;
 pub mod written;
 
 pub use by_node::PodsByNode;
 use by_node::node_triggers;
+pub use cached::{CachedPod, ConditionState};
 pub use decide::*;
-pub use trim::trim;
 pub use written::WrittenPatches;
 
 use std::collections::BTreeMap;
@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -100,7 +100,7 @@ pub enum ReconcileError {
     Patch(String, kube::Error),
 }
 
-async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodContext>) -> Result<Action, ReconcileError> {
+async fn reconcile(pod: Arc<CachedPod>, ctx: Arc<PodContext>) -> Result<Action, ReconcileError> {
     ctx.metrics.pod_reconciles.inc();
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -108,13 +108,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodContext>) -> Result<Action, Reconc
     for ppm in ppms.iter() {
         let _ = ctx.status_triggers.send(ObjectRef::from_obj(ppm));
     }
-    let node = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .and_then(|n| ctx.nodes.get(&ObjectRef::new(n)));
+    let node = pod.node().and_then(|n| ctx.nodes.get(&ObjectRef::new(n)));
     let oref = ObjectRef::from_obj(&*pod);
-    let desired = desired_patch(&pod, &ppms, node.as_deref(), &ctx.scope);
+    let desired = desired_patch(&pod.to_pod(), &ppms, node.as_deref(), &ctx.scope);
     if ctx.written.is_stale(&oref, &pod, desired.as_ref()) {
         tracing::debug!(pod = %format!("{ns}/{name}"), "cache older than our last patch; waiting for it");
         // The watch's delivery of our write normally triggers the next reconcile; this one
@@ -124,8 +120,8 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodContext>) -> Result<Action, Reconc
     let Some(patch) = desired else {
         return Ok(Action::await_change());
     };
-    let body = patch_body(&pod, &patch);
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let body = patch_body(&pod.metadata, &patch);
+    let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &ns);
     match api
         .patch(&name, &PatchParams::default(), &Patch::Strategic(body))
         .await
@@ -148,15 +144,19 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodContext>) -> Result<Action, Reconc
     }
 }
 
-fn error_policy(_pod: Arc<Pod>, error: &ReconcileError, _ctx: Arc<PodContext>) -> Action {
+fn error_policy(_pod: Arc<CachedPod>, error: &ReconcileError, _ctx: Arc<PodContext>) -> Action {
     tracing::warn!("{error}; retrying");
     Action::requeue(Duration::from_secs(1))
 }
 
 /// Pods to look at again after a PPM change.
-fn pods_for_change(change: &PpmChange, pods: &Store<Pod>, ppms: &PpmCache) -> Vec<ObjectRef<Pod>> {
+fn pods_for_change(
+    change: &PpmChange,
+    pods: &Store<CachedPod>,
+    ppms: &PpmCache,
+) -> Vec<ObjectRef<CachedPod>> {
     let all = pods.state();
-    let refs = |it: &mut dyn Iterator<Item = &Arc<Pod>>| -> Vec<ObjectRef<Pod>> {
+    let refs = |it: &mut dyn Iterator<Item = &Arc<CachedPod>>| -> Vec<ObjectRef<CachedPod>> {
         it.map(|p| ObjectRef::from_obj(&**p)).collect()
     };
     match change {
@@ -192,8 +192,8 @@ fn pods_for_change(change: &PpmChange, pods: &Store<Pod>, ppms: &PpmCache) -> Ve
 
 fn ppm_triggers(
     ppms: Arc<PpmCache>,
-    pods: Store<Pod>,
-) -> impl Stream<Item = ObjectRef<Pod>> + Send + 'static {
+    pods: Store<CachedPod>,
+) -> impl Stream<Item = ObjectRef<CachedPod>> + Send + 'static {
     BroadcastStream::new(ppms.subscribe()).flat_map(move |change| {
         let change = change.unwrap_or(PpmChange::All);
         futures::stream::iter(pods_for_change(&change, &pods, &ppms))
@@ -205,7 +205,7 @@ fn ppm_triggers(
 /// `node_writer`.
 pub async fn run(
     ctx: Arc<PodContext>,
-    (store, writer): (Store<Pod>, reflector::store::Writer<Pod>),
+    (store, writer): (Store<CachedPod>, reflector::store::Writer<CachedPod>),
     node_writer: reflector::store::Writer<Node>,
     concurrency: u16,
     shutdown: CancellationToken,
@@ -218,13 +218,13 @@ pub async fn run(
     }
     let by_node = Arc::new(PodsByNode::default());
     let (recheck_tx, recheck_rx) = mpsc::unbounded_channel();
+    // The cache holds every pod of the cluster: each is read as a `CachedPod`, only what the
+    // controllers read.
     let stream = watcher::watcher(
-        Api::<Pod>::all(ctx.client.clone()),
+        Api::<CachedPod>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
     .backoff(podprobe_ops::backoff::WatchBackoff::default())
-    // The cache holds every pod of the cluster: only what the controllers read.
-    .modify(trim)
     .reflect(writer)
     .inspect_ok({
         let (by_node, written) = (by_node.clone(), ctx.written.clone());

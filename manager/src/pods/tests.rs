@@ -3,6 +3,7 @@ use super::written::PENDING_MAX;
 use super::*;
 use crate::annotate;
 use crate::markers::MarkerPatch;
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
 use podprobe_protocol::annotation::{MARKER_LIST_ANNOTATION, PODPROBE_ANNOTATION};
 use serde_json::json;
@@ -144,7 +145,7 @@ fn markers_only_on_serverless_nodes_or_with_the_sidecar() {
 fn patch_body_has_the_uid_precondition() {
     let p = pod("test", Some("False"), &[], &[]);
     let patch = desired_patch(&p, &[ppm()], Some(&vk()), &MarkerScope::default()).unwrap();
-    let body = patch_body(&p, &patch);
+    let body = patch_body(&p.metadata, &patch);
     assert_eq!(body["metadata"]["uid"], "uid-p");
     assert_eq!(body["metadata"]["labels"]["server-healthy"], "false");
 }
@@ -172,7 +173,7 @@ fn no_ppm_applies_both_annotations_go() {
         BTreeMap::from([(PODPROBE.to_owned(), None), (LIST.to_owned(), None)])
     );
     assert_eq!(
-        patch_body(&p, &patch)["metadata"]["annotations"][PODPROBE],
+        patch_body(&p.metadata, &patch)["metadata"]["annotations"][PODPROBE],
         json!(null)
     );
 }
@@ -217,7 +218,8 @@ fn label_patch(v: &str) -> MarkerPatch {
     patch
 }
 
-fn with_rv(mut p: Pod, rv: &str) -> Pod {
+fn with_rv(p: impl Into<CachedPod>, rv: &str) -> CachedPod {
+    let mut p = p.into();
     p.metadata.resource_version = Some(rv.into());
     p
 }
@@ -325,14 +327,14 @@ async fn an_unseen_write_holds_its_pod_back_for_a_bounded_time() {
     assert!(written.is_empty());
 }
 
-fn on_node(name: &str, node: &str) -> Pod {
+fn on_node(name: &str, node: &str) -> CachedPod {
     let mut p = pod("test", None, &[], &[]);
     p.metadata.name = Some(name.into());
     p.spec.as_mut().unwrap().node_name = Some(node.into());
-    p
+    p.into()
 }
 
-fn names(mut refs: Vec<ObjectRef<Pod>>) -> Vec<String> {
+fn names(mut refs: Vec<ObjectRef<CachedPod>>) -> Vec<String> {
     refs.sort_by(|a, b| a.name.cmp(&b.name));
     refs.into_iter().map(|r| r.name).collect()
 }

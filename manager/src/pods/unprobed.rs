@@ -19,12 +19,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use podprobe_protocol::pod::is_active;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -34,7 +33,7 @@ use crate::config::InjectionConfig;
 use crate::crd::PodProbeMarker;
 use crate::inject::opted_in;
 use crate::metrics::{Metrics, Readiness};
-use crate::pods::runs_sidecar;
+use crate::pods::CachedPod;
 
 /// How often the caches are swept: a pod admitted without its sidecar is reported within
 /// about this long after the manager leads (or after its namespace opted in).
@@ -53,18 +52,18 @@ const NOTE_MAX: usize = 1024;
 /// Why `pod` should run the sidecar and does not: the names of the PodProbeMarkers selecting
 /// it, or `None` when it runs the sidecar, did not opt in, is not selected, or has ended.
 pub fn missing_sidecar(
-    pod: &Pod,
+    pod: &CachedPod,
     namespace_ppms: &[PodProbeMarker],
     config: &InjectionConfig,
     namespace_labels: Option<&BTreeMap<String, String>>,
 ) -> Option<Vec<String>> {
-    if !is_active(pod)
-        || runs_sidecar(pod, &config.container_name)
-        || !opted_in(pod, config, namespace_labels)
+    if !pod.is_active()
+        || pod.runs_sidecar(&config.container_name)
+        || !opted_in(&pod.metadata, config, namespace_labels)
     {
         return None;
     }
-    let probes = annotate::compute(pod, namespace_ppms)?;
+    let probes = annotate::compute(&pod.to_pod(), namespace_ppms)?;
     Some(
         probes
             .marker_list
@@ -77,7 +76,7 @@ pub fn missing_sidecar(
 
 /// The Event's message: what is wrong, why it may have happened, what to do. At most
 /// [`NOTE_MAX`] bytes, as the Events API takes.
-fn note(pod: &Pod, config: &InjectionConfig, markers: &[String]) -> String {
+fn note(pod: &CachedPod, config: &InjectionConfig, markers: &[String]) -> String {
     let label = &config.inject_label;
     let by_pod = pod
         .metadata
@@ -119,7 +118,7 @@ fn note(pod: &Pod, config: &InjectionConfig, markers: &[String]) -> String {
 
 /// What one sweep needs.
 pub struct Sweep {
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     pub ppms: Arc<PpmCache>,
     pub namespaces: Store<Namespace>,
     pub config: InjectionConfig,
@@ -143,7 +142,7 @@ impl std::fmt::Debug for Sweep {
 impl Sweep {
     pub fn new(
         client: Client,
-        pods: Store<Pod>,
+        pods: Store<CachedPod>,
         ppms: Arc<PpmCache>,
         namespaces: Store<Namespace>,
         config: InjectionConfig,
@@ -162,7 +161,7 @@ impl Sweep {
     }
 
     /// The pods without their sidecar now, each with the PodProbeMarkers selecting it.
-    fn find(&self) -> Vec<(Arc<Pod>, Vec<String>)> {
+    fn find(&self) -> Vec<(Arc<CachedPod>, Vec<String>)> {
         // What each namespace gives its pods, read once per namespace and sweep.
         type Given = (Option<BTreeMap<String, String>>, Arc<Vec<PodProbeMarker>>);
         let mut namespaces: BTreeMap<String, Given> = BTreeMap::new();
@@ -194,7 +193,7 @@ impl Sweep {
             .collect();
         self.reported.retain(|uid| now.contains(uid));
         if self.logged != Some(found.len()) {
-            let names: Vec<String> = found.iter().take(5).map(|(p, _)| name(p)).collect();
+            let names: Vec<String> = found.iter().take(5).map(|(p, _)| p.key()).collect();
             if found.is_empty() {
                 tracing::info!("every pod that opted in to the sidecar runs it");
             } else {
@@ -243,7 +242,7 @@ impl Sweep {
                     // The pod is tried again next sweep; the others go on (one pod whose
                     // Event is refused must not silence the rest). One line per sweep.
                     if failed == 0 {
-                        tracing::warn!(pod = %name(pod), "cannot publish the {REASON} Event: {e}");
+                        tracing::warn!(pod = %pod.key(), "cannot publish the {REASON} Event: {e}");
                     }
                     failed += 1;
                 }
@@ -290,14 +289,6 @@ impl Sweep {
     }
 }
 
-fn name(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or_default(),
-        pod.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,7 +310,7 @@ mod tests {
         .unwrap()
     }
 
-    fn pod(labels: serde_json::Value, containers: &[&str], phase: &str) -> Pod {
+    fn pod(labels: serde_json::Value, containers: &[&str], phase: &str) -> CachedPod {
         let containers: Vec<_> = containers
             .iter()
             .map(|n| json!({"name": n, "image": "x"}))

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use super::CachedPod;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 use tokio::sync::mpsc;
@@ -32,7 +32,7 @@ use crate::markers::MarkerPatch;
 /// patch is sent twice, never one lost.
 #[derive(Debug, Default)]
 pub struct WrittenPatches {
-    pending: Mutex<HashMap<ObjectRef<Pod>, Written>>,
+    pending: Mutex<HashMap<ObjectRef<CachedPod>, Written>>,
 }
 
 /// How long a write not yet seen in the cache holds reconciles of its pod back.
@@ -60,14 +60,14 @@ struct Written {
 }
 
 impl WrittenPatches {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<Pod>, Written>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<CachedPod>, Written>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `patch` of `pod` was answered with `resource_version`.
     pub fn record(
         &self,
-        pod: ObjectRef<Pod>,
+        pod: ObjectRef<CachedPod>,
         patch: MarkerPatch,
         resource_version: Option<String>,
     ) {
@@ -90,8 +90,8 @@ impl WrittenPatches {
     /// once the cache has the write.
     pub fn is_stale(
         &self,
-        pod_ref: &ObjectRef<Pod>,
-        pod: &Pod,
+        pod_ref: &ObjectRef<CachedPod>,
+        pod: &CachedPod,
         wanted: Option<&MarkerPatch>,
     ) -> bool {
         let mut pending = self.lock();
@@ -114,7 +114,11 @@ impl WrittenPatches {
 
     /// Follow the pod watch (after the cache applied `event`); pods to reconcile again go to
     /// `recheck`.
-    pub fn observe(&self, event: &Event<Pod>, recheck: &mpsc::UnboundedSender<ObjectRef<Pod>>) {
+    pub fn observe(
+        &self,
+        event: &Event<CachedPod>,
+        recheck: &mpsc::UnboundedSender<ObjectRef<CachedPod>>,
+    ) {
         let mut pending = self.lock();
         if pending.is_empty() {
             return;

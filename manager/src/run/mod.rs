@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::Client;
 use kube::runtime::reflector;
 use tokio::net::TcpListener;
@@ -280,7 +280,7 @@ async fn lead(
         metrics.leader.set(1);
         let term = shutdown.child_token();
         let (nodes, node_writer) = reflector::store::<Node>();
-        let pod_store = reflector::store::<Pod>();
+        let pod_store = reflector::store::<crate::pods::CachedPod>();
         let (status_tx, status_rx) = mpsc::unbounded_channel();
         let pod_ctx = Arc::new(PodContext {
             client: client.clone(),
