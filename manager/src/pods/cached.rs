@@ -191,6 +191,7 @@ mod tests {
     use super::*;
     use crate::pods::{MarkerScope, desired_patch, fingerprint, runs_sidecar};
     use crate::status::matched_pods;
+    use podprobe_protocol::pod::is_active;
     use serde_json::json;
 
     /// A pod as the apiserver sends it once injected and running on a virtual node: managed
@@ -273,6 +274,23 @@ mod tests {
                 runs_sidecar(&full, "podprobe")
             );
             assert_eq!(matched_pods(&ppms[0], [&cached].into_iter()), matched);
+        }
+        // The cache's own checks are the shared ones, in every phase and while terminating.
+        for phase in ["Pending", "Running", "Succeeded", "Failed"] {
+            for deleting in [false, true] {
+                let mut full = served("True", json!({"app": "game"}));
+                full.status.as_mut().unwrap().phase = Some(phase.into());
+                if deleting {
+                    full.metadata.deletion_timestamp =
+                        Some(serde_json::from_value(json!("2026-11-26T00:00:02Z")).unwrap());
+                }
+                let cached = CachedPod::from(full.clone());
+                assert_eq!(cached.is_active(), is_active(&full), "{phase} {deleting}");
+                assert_eq!(
+                    cached.to_pod().status,
+                    CachedPod::from(full).to_pod().status
+                );
+            }
         }
         let cached = CachedPod::from(served("True", json!({"app": "game"})));
         assert!(cached.runs_sidecar("podprobe"), "the native sidecar kept");

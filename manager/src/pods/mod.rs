@@ -29,7 +29,7 @@
 //! new pod has its own events).
 //!
 //! Rooms: [`decide`] (per pod: markers, propagation, the patch), [`written`] (patches the cache
-//! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`cached`] (what the pod
+//! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`CachedPod`] (what the pod
 //! cache keeps of each pod), [`unprobed`] (pods that should run the sidecar and do not); the
 //! controller is here.
 
