@@ -56,6 +56,9 @@ async fn lint_and_template_in_both_modes() {
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pod-status",
         "ValidatingAdmissionPolicy/podprobe-sidecar-pods-exec",
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pods-exec",
+        // The sidecars' own API Priority and Fairness level.
+        "FlowSchema/podprobe-sidecars",
+        "PriorityLevelConfiguration/podprobe-sidecars",
         // The install check, in each mode through that mode's webhook.
         "Job/podprobe-install-check",
         "Role/podprobe-install-check",
@@ -276,6 +279,60 @@ async fn installs_into_a_real_apiserver_standalone() {
             && stderr.contains("did not reach the PodProbeMarker webhook within 3s"),
         "{stderr}"
     );
+}
+
+/// The FlowSchema and priority level `podprobe-sidecars` of the chart's defaults, as the real
+/// apiserver classifies requests (its `X-Kubernetes-PF-*` answer headers): the sidecar's
+/// account in a namespace of sidecar.namespaces lands there; podprobe-manager's account, and
+/// an account of the same name in a namespace the chart was not given, stay in the built-in
+/// `service-accounts` schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sidecars_requests_have_a_priority_level_of_their_own() {
+    use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
+    use kube::{Api, Resource};
+
+    let cp = control_plane().await;
+    install(&cp, "standalone", &[]);
+    let uid = |meta: &kube::api::ObjectMeta| meta.uid.clone().expect("a uid");
+    let schemas = Api::<FlowSchema>::all(cp.client());
+    let ours_uid = uid(schemas.get("podprobe-sidecars").await.unwrap().meta());
+    let built_in_uid = uid(schemas.get("service-accounts").await.unwrap().meta());
+    let level_uid = uid(Api::<PriorityLevelConfiguration>::all(cp.client())
+        .get("podprobe-sidecars")
+        .await
+        .unwrap()
+        .meta());
+
+    cp.create_namespace("arena").await.unwrap();
+    cp.create_service_account("arena", "podprobe-sidecar")
+        .await
+        .unwrap();
+    for (namespace, account, expected) in [
+        (GAMES, "podprobe-sidecar", &ours_uid),
+        (RELEASE_NS, "podprobe-manager", &built_in_uid),
+        ("arena", "podprobe-sidecar", &built_in_uid),
+    ] {
+        let token = cp.service_account_token(namespace, account).await.unwrap();
+        let request = http::Request::get("/version")
+            .body(kube::client::Body::empty())
+            .unwrap();
+        let answer = cp.client_for_token(&token).send(request).await.unwrap();
+        let header = |name: &str| {
+            answer
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let schema = header("X-Kubernetes-PF-FlowSchema-UID");
+        assert_eq!(
+            schema.as_ref(),
+            Some(expected),
+            "{namespace}/{account}: flow schema (ours {ours_uid}, service-accounts {built_in_uid})"
+        );
+        let in_ours = header("X-Kubernetes-PF-PriorityLevel-UID").as_ref() == Some(&level_uid);
+        assert_eq!(in_ours, expected == &ours_uid, "{namespace}/{account}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
