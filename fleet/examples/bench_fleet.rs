@@ -75,6 +75,10 @@ struct Args {
     /// controllers and nodes pace its pods; unset, every sidecar starts at once.
     #[arg(long)]
     start_rate: Option<std::num::NonZeroU32>,
+    /// A value of podprobe's chart, `KEY=VALUE` as `helm install --set` takes it (repeatable),
+    /// e.g. `flowControl.enabled=false` for the fleet without its own priority level.
+    #[arg(long = "chart-set", value_name = "KEY=VALUE")]
+    chart_set: Vec<String>,
     /// Label of this build in the CSV (e.g. `before`).
     #[arg(long, default_value = "this")]
     build: String,
@@ -133,6 +137,7 @@ async fn main() {
         },
         outage,
         start_rate: args.start_rate,
+        chart_values: args.chart_set.clone(),
     };
     eprintln!("bench_fleet: {options:?}");
     let report = match podprobe_fleet::run(&options).await {
@@ -151,7 +156,7 @@ async fn main() {
         .expect("docs/perf/fleet.jsonl");
     let manager_build = format!("{:?}", args.manager_build).to_lowercase();
     let record = serde_json::json!({"build": args.build, "manager_build": manager_build,
-            "start_rate": args.start_rate, "report": report});
+            "start_rate": args.start_rate, "chart_set": args.chart_set, "report": report});
     writeln!(jsonl, "{record}").unwrap();
     println!("{}", serde_json::to_string(&report).unwrap());
 }

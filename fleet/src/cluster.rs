@@ -98,10 +98,12 @@ impl Cluster {
     }
 
     /// Starts everything for a fleet whose probes aim at `http_port` and `tcp_port`, on
-    /// `nodes`; returns once the manager's webhook annotates new pods.
+    /// `nodes`, podprobe-manager's chart installed with `chart_values` besides the bench's own;
+    /// returns once the manager's webhook annotates new pods.
     pub async fn start(
         kind: ManagerKind,
         manager_binary: &Path,
+        chart_values: &[String],
         nodes: &Nodes,
         ports: (u16, u16),
         periods: Periods,
@@ -116,7 +118,7 @@ impl Cluster {
                 SocketAddr::from(([127, 0, 0, 1], addrs.metrics_port))
             }
             ManagerKind::Podprobe => {
-                let (daemon, metrics) = install_podprobe(&cp, manager_binary).await?;
+                let (daemon, metrics) = install_podprobe(&cp, manager_binary, chart_values).await?;
                 podprobe_manager = Some(daemon);
                 metrics
             }
@@ -197,6 +199,7 @@ fn podprobemarker((http_port, tcp_port): (u16, u16), periods: Periods) -> Value 
 async fn install_podprobe(
     cp: &ControlPlane,
     binary: &Path,
+    chart_values: &[String],
 ) -> Result<(Daemon, SocketAddr), FleetError> {
     let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NS,
         "labels": {"podprobe.io/inject": "enabled"}}}))?;
@@ -223,8 +226,11 @@ async fn install_podprobe(
         format!("cert.tlsKey={}", b64(&pair.key_pem)),
         format!("webhook.url=https://127.0.0.1:{webhook_port}"),
         format!("sidecar.namespaces={{{NS}}}"),
-    ] {
-        helm.args(["--set", &set]);
+    ]
+    .iter()
+    .chain(chart_values)
+    {
+        helm.args(["--set", set]);
     }
     run(helm, "helm install")?;
     let mut kubectl = cp.kubectl()?;

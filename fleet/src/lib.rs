@@ -8,7 +8,8 @@
 //! - [`sidecars`]: the real sidecar code, hosted by `podprobe-fleet-sidecars` processes;
 //! - [`flips`]: flipping targets, watching conditions and markers follow;
 //! - [`audit`]: each flip's patches and the time its status patch was answered;
-//! - [`outage`]: an apiserver or etcd outage during the flips;
+//! - [`outage`]: an apiserver or etcd outage during the flips, and [`bystander`]: what another
+//!   workload's requests see meanwhile;
 //! - [`providers`], [`presence`]: real virtual-kubelet node agents rewriting the pods' status,
 //!   and how much of the time each condition showed the probe's state (docs/providers.md);
 //! - [`measure`], [`report`]: the figures.
@@ -17,6 +18,7 @@
 //! is marked → idle window → flipping window → drain → audit read → [`Report`].
 
 pub mod audit;
+pub mod bystander;
 pub mod cluster;
 pub mod flips;
 mod http;
@@ -83,6 +85,9 @@ pub struct FleetOptions {
     pub outage: Option<OutagePlan>,
     /// Sidecars started per second at most (`None`: all at once).
     pub start_rate: Option<std::num::NonZeroU32>,
+    /// `KEY=VALUE`s given to `helm install` beside the bench's own (podprobe-manager only),
+    /// e.g. `flowControl.enabled=false`.
+    pub chart_values: Vec<String>,
 }
 
 /// Open files a production kube-apiserver may hold (containerd's and systemd units'
@@ -122,6 +127,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let mut cluster = cluster::Cluster::start(
         options.manager,
         &options.manager_binary,
+        &options.chart_values,
         &nodes,
         ports,
         options.periods,

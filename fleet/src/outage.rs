@@ -12,6 +12,7 @@ use testkit::real::metrics;
 
 use crate::FleetError;
 use crate::audit::FlipCost;
+use crate::bystander::{Bystander, BystanderFigures};
 use crate::cluster::Cluster;
 use crate::measure::{self, Processes, Sample, Window};
 use crate::report::percentile;
@@ -68,6 +69,10 @@ pub struct OutageReport {
     pub watches_back_seconds: Option<f64>,
     /// Requests answered 429 in the window after recovery.
     pub throttled_after_recovery: f64,
+    /// Another workload's requests in the flipping window before the kill, and in the recovery
+    /// window ([`crate::bystander`]).
+    pub bystander_before: BystanderFigures,
+    pub bystander_after_recovery: BystanderFigures,
     /// The recovery window from ready on.
     pub after_recovery: Window,
 }
@@ -82,11 +87,14 @@ pub async fn inject(
     plan: OutagePlan,
     pods: usize,
 ) -> Result<(Window, OutageReport), FleetError> {
+    let bystander = Bystander::start(&cluster.cp).await?;
+    let asking = Instant::now();
     tokio::time::sleep(plan.after).await;
     let last = measure::sample(cluster, processes).await?;
     let flipping = measure::window(flips_started, &last, processes, pods);
     let down_at = Timestamp::now();
     let down = Instant::now();
+    let bystander_before = bystander.figures(asking, down);
     match plan.fault {
         Fault::Apiserver => cluster.cp.kill_apiserver(),
         Fault::Etcd => cluster.cp.kill_etcd(),
@@ -126,6 +134,8 @@ pub async fn inject(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    let bystander_after_recovery = bystander.figures(ready, Instant::now());
+    drop(bystander);
     let end = measure::sample(cluster, &processes).await?;
     let after_recovery = measure::window(&first, &end, &processes, pods);
     let throttled =
@@ -145,6 +155,8 @@ pub async fn inject(
             pod_watchers_before: flipping.pod_watchers,
             watches_back_seconds,
             throttled_after_recovery: throttled(&end) - throttled(&first),
+            bystander_before,
+            bystander_after_recovery,
             after_recovery,
         },
     ))

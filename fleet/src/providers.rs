@@ -175,6 +175,7 @@ pub async fn run(options: &ProvidersOptions) -> Result<ProvidersReport, FleetErr
     let cluster = Cluster::start(
         options.manager,
         &options.manager_binary,
+        &[],
         &nodes,
         ports,
         PERIODS,

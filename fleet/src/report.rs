@@ -199,6 +199,20 @@ impl Report {
                 requests,
                 o.throttled_after_recovery,
             ));
+            for (window, b) in [
+                ("before the outage", &o.bystander_before),
+                ("in the minute after", &o.bystander_after_recovery),
+            ] {
+                out.push_str(&format!(
+                    "another workload's GET /version {window}: {} requests, p50 {} p99 {} max {}, {} answered 429, {} failed\n",
+                    b.requests,
+                    ms(b.p50_ms),
+                    ms(b.p99_ms),
+                    ms(b.max_ms),
+                    b.throttled,
+                    b.failed,
+                ));
+            }
         }
         out.push_str("requests per pod during start-up:");
         for (key, rate) in &self.startup.requests_per_second {

@@ -25,5 +25,6 @@ pub fn small_fleet(pods: usize, per_process: usize, seconds: u64) -> FleetOption
         manager_binary: testkit::workspace::binary("podprobe-manager", "podprobe-manager"),
         outage: None,
         start_rate: None,
+        chart_values: Vec::new(),
     }
 }
