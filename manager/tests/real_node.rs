@@ -51,7 +51,11 @@ fn game_ppm(named_ports: bool) -> podprobe_manager::crd::PodProbeMarker {
         probe["periodSeconds"] = json!(1);
         // Long enough that each probe publishes `Unknown` after a restart before the new
         // container has a result (within the writer's 200 ms window the newer result wins).
-        probe["initialDelaySeconds"] = json!(5);
+        // With the file source the sidecar learns of the new container from the kubelet's
+        // status, read again at the latest 5 s after an attempt errored on the old one
+        // (src/pod/status/triggers.rs): with a 5 s delay the new container's first results
+        // sometimes came in the same instant as the `Unknown`, and replaced it unwritten.
+        probe["initialDelaySeconds"] = json!(15);
         probe["failureThreshold"] = json!(1);
         json!({"name": name, "containerName": "game", "podConditionType": condition, "probe": probe})
     };
