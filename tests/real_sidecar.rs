@@ -548,11 +548,7 @@ async fn each_transition_is_one_status_patch_as_the_apiserver_counts_it() {
     const TRANSITIONS: u64 = 20;
     const EVENT_BURST: usize = 5;
     let cluster = Cluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-n", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
+    let (pod, flag) = cluster.create_flagged_pod("gs-n").await;
     let port = free_port();
     let burst = EVENT_BURST.to_string();
     let _sidecar = cluster
@@ -700,11 +696,7 @@ async fn the_watch_writes_and_events_share_one_apiserver_connection() {
     const TRANSITIONS: u64 = 20;
     let cluster = Cluster::start().await;
     let apiserver = cluster.cp.address();
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-c", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
+    let (pod, flag) = cluster.create_flagged_pod("gs-c").await;
     let port = free_port();
     let sidecar = cluster
         .sidecar_direct(

@@ -63,11 +63,7 @@ async fn events_on_transitions_only_and_off_with_events_false() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refresh_interval_moves_only_last_probe_time() {
     let cluster = Cluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-h", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
+    let (pod, _) = cluster.create_flagged_pod("gs-h").await;
     let _sidecar = cluster.sidecar(&pod, &["--refresh-interval", "2s"]).await;
     let pod = cluster
         .wait_pod("gs-h", LIMIT, |p| has_status(p, "c/p", "True"))
@@ -161,11 +157,7 @@ async fn a_pods_heartbeat_is_one_patch_with_all_its_conditions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_429s_the_writer_waits_longer_than_the_hint_each_time() {
     let cluster = Cluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-t", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
+    let (pod, _) = cluster.create_flagged_pod("gs-t").await;
     cluster.proxy.faults().add(
         Fault::too_many_requests(1)
             .method("PATCH")
@@ -234,11 +226,7 @@ async fn prune_conditions_deletes_only_removed_probes_conditions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_writes_are_explained_and_retried() {
     let cluster = Cluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-x", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
+    let (pod, _) = cluster.create_flagged_pod("gs-x").await;
     let faults = cluster.proxy.faults();
     faults.add(
         Fault::status(403)

@@ -524,11 +524,7 @@ async fn file_source_follows_atomic_data_swaps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_flushes_a_pending_write_and_exits_0() {
     let cluster = Cluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let pod = cluster
-        .create_pod("gs-t", &array(&[file_probe("p", "c/p", &flag)]), json!([]))
-        .await;
+    let (pod, flag) = cluster.create_flagged_pod("gs-t").await;
     let port = free_port();
     let mut sidecar = cluster
         .sidecar(

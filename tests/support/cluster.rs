@@ -108,6 +108,16 @@ impl Cluster {
             .await
     }
 
+    /// A [`Cluster::create_pod`] with one probe `p` (condition `c/p`) that succeeds while the
+    /// file `flag` in the cluster's directory says `up` (written so here): the pod and the
+    /// flag's path, which the test rewrites to flip the probe.
+    pub async fn create_flagged_pod(&self, name: &str) -> (Pod, PathBuf) {
+        let flag = self.dir.path().join("flag");
+        std::fs::write(&flag, "up").unwrap();
+        let annotation = super::array(&[super::file_probe("p", "c/p", &flag)]);
+        (self.create_pod(name, &annotation, json!([])).await, flag)
+    }
+
     pub async fn create_pod_as(
         &self,
         name: &str,
