@@ -1,23 +1,32 @@
-//! Exec probe cost on a real node (a program, not a test): `procfs` against `pods/exec`
-//! through the real apiserver, kubelet, containerd and runc, in one run.
+//! Exec probe cost on a real node, per path and pod count (a program, not a test): the idle
+//! recipe's probe (`/idle.sh` in the game container every 2 s, `examples/recipes/
+//! idle-deletion-cost.yaml`) on PODS game servers, each with its injected sidecar, through the
+//! real apiserver, kubelet, containerd and runc.
 //!
-//! One node, the chart installed; then three windows of SECONDS each on the same node:
-//! 1. baseline: the same game server pod with the injected sidecar and no probes (what the
-//!    kubelet, the runtime and an idle sidecar cost without any attempt);
-//! 2. procfs: one pod whose injected sidecar (auto → procfs) runs PROBES exec probes
-//!    (`test -f /var/run/game/idle`, period 1 s) in the game container;
-//! 3. api: the same probes from a hand-written sidecar with `--exec-mode api`.
+//! Paths (`--path`, repeatable; default both, each on a node and control plane of its own):
+//! - `api`: the chart's defaults (no shared process namespace, a non-root sidecar without
+//!   capabilities), so the sidecar runs the command through `pods/exec`. The default install's
+//!   path, marked `"default": true`.
+//! - `procfs`: `injection.config.shareProcessNamespace=true` and a root sidecar that keeps the
+//!   runtime's default capabilities (docs/sidecar.md): the sidecar runs the command itself,
+//!   chrooted into the game container.
 //!
-//! Per attempt it prints the CPU above the baseline window of everything an attempt can cost:
-//! the sidecar's container (cgroup `cpuacct.usage`; procfs runs the command there too) and the
-//! node's and control plane's processes (`/proc/<pid>/stat`, children included: apiserver,
-//! etcd, kubelet, containerd, the shims, which reap runc and the command `pods/exec` starts).
-//! The machine-wide figure (`/proc/stat`) is printed too; it is noisier (everything else on
-//! the machine is in it).
-//! Attempts are PROBES × SECONDS (one per probe per period). Run it on a quiet machine; the
-//! figures go to `docs/perf/node_exec.csv`.
+//! Each path measures two windows of SECONDS: PODS game servers with their sidecars and no
+//! probe (the baseline), then PODS others with the probe. Per attempt, above the baseline: the
+//! CPU of the sidecars' and the game containers' cgroups, of the control plane's processes
+//! (kube-apiserver, etcd) and of the node's (kubelet, containerd, the shims with the runc and
+//! the commands they reap: in `api` the game container's figure is the command, already in its
+//! shim's, and is left out of the total); the apiserver's requests (`apiserver_request_total`,
+//! all of them above the baseline's, and `pods/exec`'s); the attempts the sidecars counted
+//! (`podprobe_probe_attempts_total`, scraped from inside the node's network namespace, with
+//! `injection.config.metricsPort` on) against one per pod per period (`kept_up`, 1 when every
+//! attempt kept its period). The machine's busy CPU is printed beside them as a check.
 //!
-//! `cargo run --release -p podprobe-manager --example bench_node_exec [-- SECONDS PROBES]`
+//! Last, one JSON line per path; the lines are appended to `docs/perf/node_exec.jsonl`. Run it
+//! on an otherwise quiet machine:
+//!
+//! `cargo run --release -p podprobe-manager --example bench_node_exec -- --pods N [--seconds S]
+//! [--path api|procfs]...`
 
 #[path = "../tests/cluster/mod.rs"]
 mod cluster;
@@ -28,157 +37,367 @@ mod on_node;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use podprobe_manager::webhook::Mode;
 use serde_json::json;
-use testkit::real::{Node, NodeOptions};
+use testkit::real::metrics::{RequestCounts, request_counts, request_delta};
+use testkit::real::{ControlPlane, Node, NodeOptions};
 
 use installed::NS;
 use on_node::usage::{cluster_markers, container_cpu, machine_busy, processes_cpu};
-use on_node::{SIDECAR, container_id, wait_for};
+use on_node::{PROCFS_INJECTION, SIDECAR, container_id};
 
+/// The idle recipe's probe period.
+const PERIOD_SECONDS: u64 = 2;
+const CONDITION: &str = "game.kruise.io/idle";
+const METRICS_PORT: u16 = 9102;
+/// Pods created or scraped at once.
+const CONCURRENCY: usize = 8;
+
+#[derive(Parser, Debug)]
+#[command(about = "Exec probe cost on a real node, per path (docs/perf/node_exec.jsonl)")]
+struct Args {
+    /// Game servers probed (and as many without a probe for the baseline).
+    #[arg(long, default_value_t = 10)]
+    pods: usize,
+    /// Length of each measured window, seconds.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// The exec paths to measure (repeatable; default: every one).
+    #[arg(long = "path", value_enum)]
+    paths: Vec<ExecPath>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ExecPath {
+    /// The chart's defaults: `pods/exec` through the apiserver.
+    Api,
+    /// A shared process namespace and a root sidecar: the command runs from the sidecar.
+    Procfs,
+}
+
+impl ExecPath {
+    fn name(self) -> &'static str {
+        match self {
+            ExecPath::Api => "api",
+            ExecPath::Procfs => "procfs",
+        }
+    }
+
+    fn helm_args(self) -> Vec<&'static str> {
+        let mut args = vec![
+            "--set",
+            // Only to count attempts; the port changes nothing in how a probe runs.
+            "injection.config.metricsPort=9102",
+        ];
+        if self == ExecPath::Procfs {
+            args.extend(PROCFS_INJECTION);
+        }
+        args
+    }
+}
+
+/// What one window cost.
+#[derive(Debug, Default)]
 struct Window {
-    /// Machine busy CPU seconds during the window.
-    busy: f64,
-    /// CPU seconds of the node's and control plane's processes.
-    daemons: f64,
-    /// CPU seconds charged to the sidecar's container.
-    sidecar: f64,
+    seconds: f64,
+    sidecars: f64,
+    games: f64,
+    control_plane: f64,
+    node: f64,
+    machine: f64,
+    /// Attempts the sidecars counted.
+    attempts: f64,
+    requests: RequestCounts,
 }
 
-async fn measure(seconds: u64, markers: &[String], node: &Node, sidecar: &str) -> Window {
-    let busy0 = machine_busy();
-    let (daemons0, side0) = (processes_cpu(markers), container_cpu(node, sidecar));
-    tokio::time::sleep(Duration::from_secs(seconds)).await; // the measurement window itself
-    Window {
-        busy: machine_busy() - busy0,
-        daemons: processes_cpu(markers) - daemons0,
-        sidecar: container_cpu(node, sidecar) - side0,
-    }
-}
-
-fn exec_ppm(probes: u64) -> podprobe_manager::crd::PodProbeMarker {
-    let probes: Vec<_> = (0..probes)
-        .map(|i| {
-            json!({"name": format!("e{i}"), "containerName": "game",
-            "podConditionType": format!("game.kruise.io/e{i}"),
-            "probe": {"exec": {"command": ["sh", "-c", "test -f /var/run/game/idle"]},
-                      "periodSeconds": 1, "failureThreshold": 1}})
-        })
-        .collect();
-    support::ppm(&json!({
-        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
-        "metadata": {"name": "bench", "namespace": NS},
-        "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": probes}
-    }))
-}
-
-async fn run_pod(pods: &Api<Pod>, pod: Pod, probes: u64) -> String {
-    let name = pod.metadata.name.clone().unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    let up = wait_for(pods, &name, "running, every exec probe written", |p| {
-        container_id(p, SIDECAR).is_some()
-            && (0..probes).all(|i| {
-                support::condition_status(p, &format!("game.kruise.io/e{i}")).as_deref()
-                    == Some("False")
-            })
-    })
-    .await;
-    container_id(&up, SIDECAR).unwrap()
-}
-
-async fn delete_pod(pods: &Api<Pod>, name: &str) {
-    pods.delete(name, &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
-    while pods.get_opt(name).await.unwrap().is_some() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+struct Bench<'a> {
+    cp: &'a ControlPlane,
+    node: &'a Node,
+    pods: Api<Pod>,
+    markers: [String; 2],
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
-    let seconds = support::bench_arg(1, 20);
-    let probes = support::bench_arg(2, 10);
-    let (running, node) = on_node::node_and_chart(NodeOptions::default()).await;
+    let mut args = Args::parse();
+    if args.paths.is_empty() {
+        args.paths = vec![ExecPath::Api, ExecPath::Procfs];
+    }
+    let mut lines = Vec::new();
+    for path in &args.paths {
+        lines.push(measure_path(*path, &args).await);
+    }
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/node_exec.jsonl");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&out)
+        .unwrap();
+    for line in &lines {
+        use std::io::Write;
+        writeln!(file, "{line}").unwrap();
+    }
+    println!("appended to {}", out.display());
+    for line in &lines {
+        println!("{line}");
+    }
+}
+
+async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
+    let (running, node) =
+        on_node::node_and_chart_with(NodeOptions::default(), Mode::Standalone, &path.helm_args())
+            .await;
     let cp = &running.cp;
-    on_node::allow_pods_exec(cp).await;
     let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
-    ppms.create(&PostParams::default(), &exec_ppm(probes))
+    ppms.create(&PostParams::default(), &idle_ppm())
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
-    let probe_pod = on_node::game_pod("bench-procfs", node.name());
-    cp.wait_admission(&probe_pod, |p| {
-        support::annotation(p, support::PODPROBE).is_some()
-    })
-    .await
-    .unwrap();
-
-    let mut quiet = on_node::game_pod("bench-quiet", node.name());
-    quiet.metadata.labels = Some([("app".to_owned(), "quiet".to_owned())].into());
-    let quiet_id = run_pod(&pods, quiet, 0).await;
-    let markers = cluster_markers(&node, cp);
-    let idle = measure(seconds, &markers, &node, &quiet_id).await;
-    delete_pod(&pods, "bench-quiet").await;
-    let id = run_pod(&pods, probe_pod, probes).await;
-    let procfs = measure(seconds, &markers, &node, &id).await;
-    delete_pod(&pods, "bench-procfs").await;
-    let id = run_pod(
-        &pods,
-        on_node::pod_with_hand_written_sidecar("bench-api", node.name()),
-        probes,
-    )
-    .await;
-    let api = measure(seconds, &markers, &node, &id).await;
-    delete_pod(&pods, "bench-api").await;
-
-    let attempts = (probes * seconds) as f64;
-    let ms = |s: f64| s * 1000.0 / attempts;
-    let cost = |w: &Window| ms(w.sidecar + w.daemons - idle.sidecar - idle.daemons);
-    println!(
-        "exec probe cost on a real node: {probes} probes × {seconds} s = {attempts} attempts per mode"
-    );
-    println!(
-        "baseline (pod and sidecar without probes): sidecar {:.3}, node + control plane {:.2}, machine {:.2} CPU-s in {seconds} s",
-        idle.sidecar, idle.daemons, idle.busy
-    );
-    println!(
-        "{:<8} {:>14} {:>14} {:>14} {:>14}",
-        "mode", "cost ms/att", "sidecar ms", "daemons ms", "machine ms"
-    );
-    for (mode, w) in [("procfs", &procfs), ("api", &api)] {
-        println!(
-            "{mode:<8} {:>14.2} {:>14.2} {:>14.2} {:>14.2}",
-            cost(w),
-            ms(w.sidecar - idle.sidecar),
-            ms(w.daemons - idle.daemons),
-            ms(w.busy - idle.busy)
-        );
-    }
-    println!(
-        "pods/exec / procfs, CPU per attempt: {:.1}×",
-        cost(&api) / cost(&procfs)
-    );
-    let csv = format!(
-        "mode,cpu_ms_per_attempt,sidecar_ms,daemons_ms,machine_ms\n{}",
-        [("procfs", &procfs), ("api", &api)]
-            .iter()
-            .map(|(mode, w)| format!(
-                "{mode},{:.3},{:.3},{:.3},{:.3}\n",
-                cost(w),
-                ms(w.sidecar - idle.sidecar),
-                ms(w.daemons - idle.daemons),
-                ms(w.busy - idle.busy)
-            ))
-            .collect::<String>()
-    );
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/node_exec.csv");
-    std::fs::write(&out, csv).unwrap();
-    println!("wrote {}", out.display());
+    let bench = Bench {
+        cp,
+        node: &node,
+        pods: Api::namespaced(cp.client(), NS),
+        markers: cluster_markers(&node, cp),
+    };
+    let n = args.pods;
+    eprintln!("{}: {n} game servers without a probe", path.name());
+    let quiet = bench.start_pods("quiet", n, false).await;
+    let idle = bench.measure(&quiet, args.seconds).await;
+    bench.delete_pods("quiet").await;
+    eprintln!("{}: {n} game servers with the idle probe", path.name());
+    let probed = bench.start_pods("game", n, true).await;
+    let busy = bench.measure(&probed, args.seconds).await;
+    bench.delete_pods("game").await;
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+    report(path, n, &idle, &busy)
+}
+
+/// The probe of the idle recipe, on the game servers labelled `app: game`.
+fn idle_ppm() -> podprobe_manager::crd::PodProbeMarker {
+    support::ppm(&json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
+        "metadata": {"name": "game-server-idle", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": [{
+            "name": "idle", "containerName": "game", "podConditionType": CONDITION,
+            "probe": {"exec": {"command": ["/idle.sh"]}, "periodSeconds": PERIOD_SECONDS,
+                      "failureThreshold": 1}
+        }]}
+    }))
+}
+
+/// A started pod: its IP and the container ids the window reads.
+struct Started {
+    ip: String,
+    sidecar: String,
+    game: String,
+}
+
+impl Bench<'_> {
+    /// Creates `n` game servers labelled `app: <app>` and waits until each runs its sidecar
+    /// and, when `probed`, shows the probe's condition.
+    async fn start_pods(&self, app: &str, n: usize, probed: bool) -> Vec<Started> {
+        let node = self.node.name();
+        futures::stream::iter(0..n)
+            .for_each_concurrent(CONCURRENCY, |i| async move {
+                let mut pod = on_node::game_pod(&format!("{app}-{i}"), node);
+                pod.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+                self.pods
+                    .create(&PostParams::default(), &pod)
+                    .await
+                    .unwrap();
+            })
+            .await;
+        let started = Instant::now();
+        let selector = ListParams::default().labels(&format!("app={app}"));
+        loop {
+            let pods = self.pods.list(&selector).await.unwrap().items;
+            let ready: Vec<Started> = pods
+                .iter()
+                .filter(|p| !probed || support::condition_status(p, CONDITION).is_some())
+                .filter_map(|p| {
+                    Some(Started {
+                        ip: p.status.as_ref()?.pod_ip.clone()?,
+                        sidecar: container_id(p, SIDECAR)?,
+                        game: container_id(p, "game")?,
+                    })
+                })
+                .collect();
+            if ready.len() == n {
+                eprintln!("{n} pods `{app}` up in {:.0?}", started.elapsed());
+                return ready;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "{} of {n} pods `{app}` up after 10 minutes",
+                ready.len()
+            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
+    async fn delete_pods(&self, app: &str) {
+        let selector = ListParams::default().labels(&format!("app={app}"));
+        self.pods
+            .delete_collection(&DeleteParams::default().grace_period(0), &selector)
+            .await
+            .unwrap();
+        while !self.pods.list(&selector).await.unwrap().items.is_empty() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// One window of `seconds` over `pods`: CPU read around the sleep, attempts and requests
+    /// counted around the CPU readings (the scrapes take a moment; the attempts are scaled to
+    /// the CPU window).
+    async fn measure(&self, pods: &[Started], seconds: u64) -> Window {
+        let counted = Instant::now();
+        let (attempts0, requests0) = (self.attempts(pods).await, self.requests().await);
+        let read = |pods: &[Started]| {
+            (
+                pods.iter()
+                    .map(|p| container_cpu(self.node, &p.sidecar))
+                    .sum::<f64>(),
+                pods.iter()
+                    .map(|p| container_cpu(self.node, &p.game))
+                    .sum::<f64>(),
+                processes_cpu(&self.markers[1..]),
+                processes_cpu(&self.markers[..1]),
+                machine_busy(),
+            )
+        };
+        let t0 = Instant::now();
+        let before = read(pods);
+        tokio::time::sleep(Duration::from_secs(seconds)).await; // the window itself
+        let after = read(pods);
+        let cpu_window = t0.elapsed().as_secs_f64();
+        let (attempts1, requests1) = (self.attempts(pods).await, self.requests().await);
+        let counted_window = counted.elapsed().as_secs_f64();
+        Window {
+            seconds: cpu_window,
+            sidecars: after.0 - before.0,
+            games: after.1 - before.1,
+            control_plane: after.2 - before.2,
+            node: after.3 - before.3,
+            machine: after.4 - before.4,
+            attempts: (attempts1 - attempts0) * cpu_window / counted_window,
+            requests: scale(
+                &request_delta(&requests0, &requests1),
+                cpu_window / counted_window,
+            ),
+        }
+    }
+
+    /// Probe attempts every sidecar of `pods` has counted.
+    async fn attempts(&self, pods: &[Started]) -> f64 {
+        let netns = self.node.network().netns().to_owned();
+        futures::stream::iter(pods)
+            .map(|p| {
+                let netns = netns.clone();
+                let url = format!("http://{}:{METRICS_PORT}/metrics", p.ip);
+                tokio::task::spawn_blocking(move || scrape_in(&netns, &url))
+            })
+            .buffer_unordered(CONCURRENCY)
+            .map(|text| attempts_in(&text.unwrap()))
+            .fold(0.0, |sum, n| async move { sum + n })
+            .await
+    }
+
+    async fn requests(&self) -> RequestCounts {
+        request_counts(&self.cp.metrics().await.unwrap())
+    }
+}
+
+/// `curl` inside the node's network namespace, where the pods' addresses are.
+fn scrape_in(netns: &str, url: &str) -> String {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            netns,
+            "curl",
+            "-sSf",
+            "--max-time",
+            "10",
+            url,
+        ])
+        .output()
+        .expect("run ip netns exec curl");
+    assert!(
+        out.status.success(),
+        "{url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The sum of `podprobe_probe_attempts_total` over results.
+fn attempts_in(metrics: &str) -> f64 {
+    testkit::real::metrics::sum(metrics, "podprobe_probe_attempts_total", &[])
+}
+
+fn scale(counts: &RequestCounts, factor: f64) -> RequestCounts {
+    counts
+        .iter()
+        .map(|(k, n)| (k.clone(), (*n as f64 * factor).round() as u64))
+        .collect()
+}
+
+fn report(path: ExecPath, pods: usize, idle: &Window, busy: &Window) -> serde_json::Value {
+    // The baseline per second, over the probed window's length.
+    let above = |probed: f64, quiet: f64| probed - quiet * busy.seconds / idle.seconds;
+    let attempts = busy.attempts.max(1.0);
+    let ms = |s: f64| (s * 1000.0 / attempts * 1000.0).round() / 1000.0;
+    let sidecars = above(busy.sidecars, idle.sidecars);
+    let games = above(busy.games, idle.games);
+    let control_plane = above(busy.control_plane, idle.control_plane);
+    let node = above(busy.node, idle.node);
+    // In `api` the command runs in the game container and its shim reaps it, so the node's
+    // figure holds it already (runc's start of it included); elsewhere it is the sidecar's
+    // child (procfs) or not run by the node at all.
+    let games_not_in_node = if path == ExecPath::Api { 0.0 } else { games };
+    // The control plane's own requests (leases, the manager's and the kubelet's) per second
+    // of the baseline, over the probed window's length.
+    let background = idle.requests.values().sum::<u64>() as f64;
+    let requests = above(busy.requests.values().sum::<u64>() as f64, background).max(0.0);
+    let exec_requests: u64 = busy
+        .requests
+        .iter()
+        .filter(|((_, resource, sub), _)| resource == "pods" && sub == "exec")
+        .map(|(_, n)| n)
+        .sum();
+    let expected = pods as f64 * busy.seconds / PERIOD_SECONDS as f64;
+    let by_request: BTreeMap<String, u64> = busy
+        .requests
+        .iter()
+        .map(|((verb, resource, sub), n)| (format!("{verb} {resource}/{sub}"), *n))
+        .collect();
+    eprintln!(
+        "{}: requests in the probed window {by_request:?}",
+        path.name()
+    );
+    json!({
+        "path": path.name(),
+        "default": path == ExecPath::Api,
+        "pods": pods,
+        "date": jiff::Timestamp::now().strftime("%Y-%m-%d").to_string(),
+        "seconds": (busy.seconds * 10.0).round() / 10.0,
+        "attempts": busy.attempts.round(),
+        "kept_up": ((busy.attempts / expected).min(1.0) * 1000.0).round() / 1000.0,
+        "cpu_ms_per_attempt": ms(sidecars + control_plane + node + games_not_in_node),
+        "sidecar_ms": ms(sidecars),
+        "game_container_ms": ms(games),
+        "control_plane_ms": ms(control_plane),
+        "node_ms": ms(node),
+        "machine_ms": ms(above(busy.machine, idle.machine)),
+        "apiserver_requests_per_attempt": (requests / attempts * 1000.0).round() / 1000.0,
+        "exec_requests_per_attempt": (exec_requests as f64 / attempts * 1000.0).round() / 1000.0,
+    })
 }

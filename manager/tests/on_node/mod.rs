@@ -37,9 +37,27 @@ pub async fn node_and_chart(options: NodeOptions) -> (Running, Node) {
     node_and_chart_in(options, Mode::Standalone).await
 }
 
+/// The helm arguments that turn injection's procfs exec on ([`PROCFS_SECURITY_CONTEXT`]).
+pub const PROCFS_INJECTION: [&str; 4] = [
+    "--set",
+    "injection.config.shareProcessNamespace=true",
+    "--set-json",
+    PROCFS_SECURITY_CONTEXT,
+];
+
 /// [`node_and_chart`] in `mode`; in companion mode OpenKruise's kruise-manager runs first
 /// (its CRDs, webhooks and `EnablePodProbeMarkerOnServerless`).
 pub async fn node_and_chart_in(options: NodeOptions, mode: Mode) -> (Running, Node) {
+    node_and_chart_with(options, mode, &PROCFS_INJECTION).await
+}
+
+/// A node and the chart in `mode` injecting the locally built sidecar image, with `helm_args`
+/// after the chart's defaults (none: the sidecar as the chart installs it).
+pub async fn node_and_chart_with(
+    options: NodeOptions,
+    mode: Mode,
+    helm_args: &[&str],
+) -> (Running, Node) {
     let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
     let mut cp = ControlPlane::start_on(network.host_ip())
         .await
@@ -53,14 +71,8 @@ pub async fn node_and_chart_in(options: NodeOptions, mode: Mode) -> (Running, No
             .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
     }
     let image = format!("injection.config.image={SIDECAR_IMAGE}");
-    let args = [
-        "--set",
-        image.as_str(),
-        "--set",
-        "injection.config.shareProcessNamespace=true",
-        "--set-json",
-        PROCFS_SECURITY_CONTEXT,
-    ];
+    let mut args = vec!["--set", image.as_str()];
+    args.extend(helm_args);
     let running = install_and_run_with(cp, mode, &args).await;
     (running, node)
 }
