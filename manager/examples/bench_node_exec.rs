@@ -122,7 +122,9 @@ struct Bench<'a> {
     cp: &'a ControlPlane,
     node: &'a Node,
     pods: Api<Pod>,
-    markers: [String; 2],
+    /// What selects the node's processes (kubelet, containerd, shims) and the control plane's.
+    node_marker: [String; 1],
+    control_plane_marker: [String; 1],
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -160,11 +162,13 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
     ppms.create(&PostParams::default(), &idle_ppm())
         .await
         .unwrap();
+    let [node_marker, control_plane_marker] = cluster_markers(&node, cp);
     let bench = Bench {
         cp,
         node: &node,
         pods: Api::namespaced(cp.client(), NS),
-        markers: cluster_markers(&node, cp),
+        node_marker: [node_marker],
+        control_plane_marker: [control_plane_marker],
     };
     let n = args.pods;
     eprintln!("{}: {n} game servers without a probe", path.name());
@@ -268,8 +272,8 @@ impl Bench<'_> {
                 pods.iter()
                     .map(|p| container_cpu(self.node, &p.game))
                     .sum::<f64>(),
-                processes_cpu(&self.markers[1..]),
-                processes_cpu(&self.markers[..1]),
+                processes_cpu(&self.control_plane_marker),
+                processes_cpu(&self.node_marker),
                 machine_busy(),
             )
         };
