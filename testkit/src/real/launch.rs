@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use super::process::Daemon;
 use super::{
     ADMIN_TOKEN, ControlPlane, Error, KUBE_PROXY_TOKEN, KUBERNETES_SERVICE_NAMES, NODE_NAME,
-    NODE_TOKEN, Pki, SERVICE_CIDR, VIRTUAL_NODE_TOKEN, audit, free_port, pki, tools,
+    NODE_TOKEN, Pki, ServiceRange, VIRTUAL_NODE_TOKEN, audit, free_port, pki, tools,
 };
 
 impl ControlPlane {
@@ -21,7 +21,14 @@ impl ControlPlane {
         let pki = Pki::new()?;
         std::fs::write(path("ca.crt"), pki.ca_pem())?;
         let address_name = address.to_string();
-        let mut names = vec!["127.0.0.1", "localhost", address_name.as_str()];
+        let services = ServiceRange::of_apiserver(address);
+        let kubernetes_ip = services.kubernetes_ip().to_string();
+        let mut names = vec![
+            "127.0.0.1",
+            "localhost",
+            address_name.as_str(),
+            kubernetes_ip.as_str(),
+        ];
         names.extend(KUBERNETES_SERVICE_NAMES);
         let serving = pki.issue(&names)?;
         std::fs::write(path("apiserver.crt"), &serving.cert_pem)?;
@@ -80,7 +87,7 @@ impl ControlPlane {
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
             format!("--service-account-key-file={}", p("sa.pub")),
             format!("--service-account-signing-key-file={}", p("sa.key")),
-            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            format!("--service-cluster-ip-range={}", services.cidr()),
             // Added to the default set, which already holds them today; named so a change of
             // defaults cannot silently drop what the tests are about.
             "--enable-admission-plugins=ServiceAccount,NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy".to_owned(),
@@ -111,6 +118,7 @@ impl ControlPlane {
             etcd,
             url: format!("https://{address}:{secure_port}"),
             etcd_url: etcd_client,
+            services,
             pki,
             dir,
         };

@@ -50,7 +50,7 @@ pub use kruise::{
     KruiseAddrs, KruiseRelease,
 };
 pub use kruise_game::KruiseGame;
-pub use node::{KruiseDaemon, Leftovers, Node, NodeNetwork, NodeOptions};
+pub use node::{KruiseDaemon, Leftovers, Node, NodeNetwork, NodeOptions, ServiceRange};
 pub use pki::{CertPair, Pki};
 use process::Daemon;
 
@@ -68,12 +68,9 @@ pub const VIRTUAL_NODE_NAME: &str = "vk-0";
 /// Its static token: the user `virtual-kubelet`, not a `system:node:` identity (the
 /// library labels its node with `kubernetes.io/role`, which NodeRestriction refuses a node).
 pub const VIRTUAL_NODE_TOKEN: &str = "podprobe-test-virtual-kubelet";
-/// `--service-cluster-ip-range`: the Services' virtual addresses.
-pub const SERVICE_CIDR: &str = "10.96.0.0/16";
-/// The `kubernetes` Service's ClusterIP (first of `--service-cluster-ip-range`) and DNS
-/// names: what in-cluster clients dial and check the certificate against.
-const KUBERNETES_SERVICE_NAMES: [&str; 5] = [
-    "10.96.0.1",
+/// The `kubernetes` Service's DNS names, which in-cluster clients check the certificate
+/// against beside its ClusterIP ([`ServiceRange::kubernetes_ip`]).
+const KUBERNETES_SERVICE_NAMES: [&str; 4] = [
     "kubernetes",
     "kubernetes.default",
     "kubernetes.default.svc",
@@ -121,6 +118,7 @@ pub struct ControlPlane {
     etcd: Daemon,
     url: String,
     etcd_url: String,
+    services: ServiceRange,
     pki: Pki,
     dir: tempfile::TempDir,
 }
@@ -143,8 +141,9 @@ impl ControlPlane {
     /// [`ControlPlane::start`] with the apiserver on `address` instead of loopback: the host
     /// side of a [`NodeNetwork`], which a kubelet in the node's network namespace reaches. The
     /// apiserver then advertises that address as the `kubernetes` Service's endpoint (kube-proxy
-    /// routes the Service to it) and its certificate also names the Service (`10.96.0.1`,
-    /// `kubernetes.default.svc`), as in-cluster clients check.
+    /// routes the Service to it) and its certificate also names the Service (its ClusterIP,
+    /// `kubernetes.default.svc`), as in-cluster clients check. The Services' addresses are the
+    /// node network's own ([`ServiceRange::of_apiserver`]).
     pub async fn start_on(address: Ipv4Addr) -> Result<ControlPlane, Error> {
         Self::start_with(address, "kube-apiserver").await
     }
@@ -278,6 +277,12 @@ impl ControlPlane {
     /// `https://127.0.0.1:<port>` (or the address given to [`ControlPlane::start_on`]).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The Services' virtual addresses (`--service-cluster-ip-range`): the node network's own
+    /// when the apiserver listens on one.
+    pub fn service_range(&self) -> ServiceRange {
+        self.services
     }
 
     /// The apiserver's address: [`ControlPlane::url`]'s host and port, as a connection to it

@@ -37,6 +37,7 @@ pub use cleanup::Leftovers;
 pub use config::{KUBELET_PORT, POD_SUBNET};
 pub use kruise_daemon::KruiseDaemon;
 pub use network::NodeNetwork;
+pub use network::ServiceRange;
 
 use super::process::Daemon;
 use super::{ControlPlane, Error, KUBE_PROXY_TOKEN, NODE_NAME, NODE_TOKEN, tools};

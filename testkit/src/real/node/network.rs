@@ -5,12 +5,52 @@
 //! apiserver reaches a webhook Service backed by pods as in a cluster.
 //!
 //! Host side `10.213.<n>.1/30`, node side `10.213.<n>.2/30` (the node's InternalIP); the first
-//! free `<n>` is taken by creating its veth pair, which fails when another test holds it.
+//! free `<n>` is taken by creating its veth pair, which fails when another test holds it. The
+//! node's control plane (started on the host side's address) gets Service addresses of its own,
+//! `10.96.<n>.0/24` ([`ServiceRange`]), which the host routes to this node alone: two node tests
+//! can run side by side without one's apiserver reaching the other's webhooks.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
 
-use super::super::{Error, SERVICE_CIDR};
+use super::super::Error;
+
+/// The Services' virtual addresses of a control plane (`--service-cluster-ip-range`). One on a
+/// node network's host side (`10.213.<n>.1`) gets `10.96.<n>.0/24`, which that network routes
+/// to its node; any other (loopback: no node reaches it) `10.96.0.0/16`, routed nowhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceRange {
+    base: Ipv4Addr,
+    prefix: u8,
+}
+
+impl ServiceRange {
+    /// The range of the control plane whose apiserver listens on `address`.
+    pub fn of_apiserver(address: Ipv4Addr) -> ServiceRange {
+        match address.octets() {
+            [10, 213, index, 1] => ServiceRange {
+                base: Ipv4Addr::new(10, 96, index, 0),
+                prefix: 24,
+            },
+            _ => ServiceRange {
+                base: Ipv4Addr::new(10, 96, 0, 0),
+                prefix: 16,
+            },
+        }
+    }
+
+    /// `10.96.<n>.0/24`, as kube-apiserver's flag and `ip route` take it.
+    pub fn cidr(&self) -> String {
+        format!("{}/{}", self.base, self.prefix)
+    }
+
+    /// The `kubernetes` Service's ClusterIP: the apiserver gives it the range's first address,
+    /// and in-pod clients (`KUBERNETES_SERVICE_HOST`) check the certificate against it.
+    pub fn kubernetes_ip(&self) -> Ipv4Addr {
+        let [a, b, c, d] = self.base.octets();
+        Ipv4Addr::new(a, b, c, d + 1)
+    }
+}
 
 #[derive(Debug)]
 pub struct NodeNetwork {
@@ -87,6 +127,7 @@ impl NodeNetwork {
         let node_cidr = format!("{}/30", self.node_ip());
         let host_ip = self.host_ip().to_string();
         let node_ip = self.node_ip().to_string();
+        let service_cidr = ServiceRange::of_apiserver(self.host_ip()).cidr();
         // Holding the veth pair makes the index ours; a namespace of that name can only be
         // left over from a test process that was killed before it cleaned up.
         let _ = Command::new("ip").args(["netns", "del", &netns]).output();
@@ -107,7 +148,7 @@ impl NodeNetwork {
                 "ip",
                 "route",
                 "replace",
-                SERVICE_CIDR,
+                &service_cidr,
                 "via",
                 &node_ip,
                 "dev",
@@ -161,5 +202,22 @@ impl Drop for NodeNetwork {
         let _ = Command::new("ip")
             .args(["link", "del", &self.host_link()])
             .output();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_node_network_has_service_addresses_of_its_own() {
+        let first = ServiceRange::of_apiserver(Ipv4Addr::new(10, 213, 7, 1));
+        let second = ServiceRange::of_apiserver(Ipv4Addr::new(10, 213, 8, 1));
+        assert_eq!(first.cidr(), "10.96.7.0/24");
+        assert_eq!(first.kubernetes_ip(), Ipv4Addr::new(10, 96, 7, 1));
+        assert_eq!(second.cidr(), "10.96.8.0/24");
+        let loopback = ServiceRange::of_apiserver(Ipv4Addr::LOCALHOST);
+        assert_eq!(loopback.cidr(), "10.96.0.0/16");
+        assert_eq!(loopback.kubernetes_ip(), Ipv4Addr::new(10, 96, 0, 1));
     }
 }
