@@ -40,15 +40,19 @@ select_arch() {
   if [ "$1" = "$(host_arch)" ]; then cc=musl-gcc; pkgs=musl-tools; else cc=$cross_gcc; pkgs=$cross_pkgs; fi
 }
 
-# cargo-auditable's own --version prints cargo's: ask cargo which one is installed.
-has_auditable() { cargo install --list | grep -q "^cargo-auditable v$auditable_version:"; }
+# cargo-auditable's own --version prints cargo's: ask cargo which one is installed, and whether
+# its binary is still there (cargo's list outlives a deleted binary).
+has_auditable() {
+  command -v cargo-auditable >/dev/null &&
+    cargo install --list | grep -q "^cargo-auditable v$auditable_version:"
+}
 
 if [ "${1:-}" = "--toolchain" ]; then
   [ $# -eq 2 ] || usage
   select_arch "$2"
   rustup target add "$target"
   if ! has_auditable; then
-    cargo install --locked --quiet cargo-auditable --version "$auditable_version"
+    cargo install --locked --quiet --force cargo-auditable --version "$auditable_version"
   fi
   if ! command -v "$cc" >/dev/null; then
     apt-get update -qq
