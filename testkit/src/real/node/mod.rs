@@ -69,6 +69,26 @@ pub struct Node {
     dir: tempfile::TempDir,
 }
 
+/// Every kubelet on a host serves its device-plugin socket at one fixed path
+/// (`/var/lib/kubelet/device-plugins/kubelet.sock`, whatever `--root-dir` says) and removes the
+/// sockets there as it starts: two starting at once can take it from each other, and the one
+/// left without it exits. Node tests run side by side, so kubelets start one at a time, each
+/// holding this lock (released if the test dies) until its node is Ready.
+async fn kubelet_start_lock() -> Result<std::fs::File, Error> {
+    let path = std::env::temp_dir().join("podprobe-kubelet-start.lock");
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)?;
+        file.lock()?;
+        Ok(file)
+    })
+    .await
+    .map_err(|e| Error::Other(e.to_string()))?
+}
+
 impl Node {
     /// Starts containerd (and imports the images), kube-proxy, the kubelet and the controllers
     /// pods need (kube-controller-manager), and waits
@@ -102,8 +122,10 @@ impl Node {
         controllers.extend(&options.controllers);
         cp.start_controller_manager(&controllers)?;
         node.start_kube_proxy(cp)?;
+        let one_kubelet_starting = kubelet_start_lock().await?;
         node.start_kubelet(cp, &options)?;
         node.wait_ready(cp).await?;
+        drop(one_kubelet_starting);
         Ok(node)
     }
 

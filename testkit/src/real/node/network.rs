@@ -64,7 +64,8 @@ impl NodeNetwork {
         // Start at a pid-dependent index so parallel test processes rarely race for one.
         let start = (std::process::id() % 200) as u8;
         for step in 0..200u8 {
-            let index = 1 + (start + step) % 200;
+            // In u16: start and step are each up to 199.
+            let index = 1 + ((u16::from(start) + u16::from(step)) % 200) as u8;
             let network = NodeNetwork {
                 index,
                 netns: format!("podprobe-node-{index}"),
@@ -196,12 +197,17 @@ fn run(command: &[&str]) -> Result<String, Error> {
 impl Drop for NodeNetwork {
     fn drop(&mut self) {
         // Deleting the namespace deletes its end of the veth pair, and with it the host end.
-        let _ = Command::new("ip")
+        // The host end is deleted by name only when that failed: once the namespace is gone the
+        // index is free, and another test's new pair may already bear that name.
+        let deleted = Command::new("ip")
             .args(["netns", "del", &self.netns])
-            .status();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_link()])
-            .output();
+            .status()
+            .is_ok_and(|s| s.success());
+        if !deleted {
+            let _ = Command::new("ip")
+                .args(["link", "del", &self.host_link()])
+                .output();
+        }
     }
 }
 
