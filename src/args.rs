@@ -31,9 +31,12 @@ impl From<Source> for SourceKind {
 /// `--exec-mode`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Exec {
-    /// Per target container: procfs when its process is visible and chroot is permitted, else
-    /// api when configured and allowed, else local. Logged once per container.
+    /// Per target container: agent when the container runs podprobe's exec agent, else procfs
+    /// when its process is visible and chroot is permitted, else api when configured and
+    /// allowed, else local. Logged once per container.
     Auto,
+    /// Through podprobe's exec agent in the target container (`--exec-agent-dir`).
+    Agent,
     /// chroot into the target container's main process (`shareProcessNamespace: true`).
     Procfs,
     /// The apiserver's `pods/exec` into the target container.
@@ -46,6 +49,7 @@ impl From<Exec> for ExecMode {
     fn from(exec: Exec) -> Self {
         match exec {
             Exec::Auto => ExecMode::Auto,
+            Exec::Agent => ExecMode::Agent,
             Exec::Procfs => ExecMode::Procfs,
             Exec::Api => ExecMode::Api,
             Exec::Local => ExecMode::Local,

@@ -239,6 +239,7 @@ pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
         Prober::new(options.user_agent.clone()).with_exec(ExecConfig {
             mode: options.exec_mode,
             api: None,
+            ..Default::default()
         }),
         config,
         tx,

@@ -8,6 +8,8 @@
 //! - [`condition`]: transitions to pod conditions and the status patch;
 //! - [`pod`]: the sidecar's view of its pod (apiserver watch, or downward-API file and status
 //!   reads);
+//! - [`exec_agent`]: `podprobe agent`, the app container's main process that runs the
+//!   sidecar's exec probes inside that container;
 //! - [`events`], [`metrics`]: Kubernetes Events and Prometheus metrics;
 //! - [`failures`]: how a run of failed apiserver requests is logged;
 //! - [`sidecar`], [`check`], `demo`: the `run`, `check` and `demo` commands (`demo` with the
@@ -20,6 +22,7 @@ pub mod condition;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod events;
+pub mod exec_agent;
 pub mod failures;
 pub mod metrics;
 pub mod pod;

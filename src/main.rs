@@ -11,7 +11,9 @@ mod args;
 use args::{Exec, Output, Source, Timing};
 use podprobe::check::{self, CheckOptions};
 use podprobe::events::EventBudget;
+use podprobe::exec_agent;
 use podprobe::pod::PodIdentity;
+use podprobe::probe::AgentExec;
 use podprobe::sidecar::{self, RepairPolicy, SidecarOptions};
 use podprobe_ops::entry::{self, LogFormat};
 
@@ -56,8 +58,39 @@ enum Command {
         output: Output,
     },
 
+    /// Run as the exec agent of an app container: the manager's injection makes this the
+    /// container's command, `podprobe agent --socket DIR/NAME.sock -- <the container's command>`.
+    ///
+    /// Starts COMMAND as its child with the container's own stdio, environment and working
+    /// directory; forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH to
+    /// it; reaps every orphan (it is the container's PID 1); and exits with COMMAND's exit code
+    /// (128 + the signal's number when a signal ended it). Meanwhile it runs the sidecar's exec
+    /// probes on request over the Unix socket: in this container, as the kubelet would, without
+    /// an apiserver request. If the socket cannot be served, COMMAND still runs (exec probes
+    /// then fail with the reason).
+    Agent(AgentArgs),
+
+    /// Copy this binary to DEST (mode 0755), for the exec agent: the injected init container
+    /// runs this to put the agent on the volume the app containers share with the sidecar.
+    InstallAgent {
+        /// Where the copy goes, e.g. /podprobe-agent/podprobe.
+        dest: PathBuf,
+    },
+
     /// Print the version.
     Version,
+}
+
+/// Flags of `podprobe agent`.
+#[derive(Debug, clap::Args)]
+struct AgentArgs {
+    /// The Unix socket to serve the sidecar's exec probes on (replaced if it exists).
+    #[arg(long)]
+    socket: PathBuf,
+
+    /// The container's own command and arguments.
+    #[arg(required = true, last = true, value_name = "COMMAND")]
+    command: Vec<String>,
 }
 
 /// Flags of `podprobe check`.
@@ -135,6 +168,14 @@ impl From<RunArgs> for SidecarOptions {
             metrics_addr: args.metrics_addr,
             overwrite_repair: args.overwrite_repair.into(),
             exec_mode: args.exec_mode.into(),
+            exec_agent: AgentExec {
+                dir: args.exec_agent_dir,
+                containers: args
+                    .exec_agents
+                    .into_iter()
+                    .filter(|c| !c.is_empty())
+                    .collect(),
+            },
         }
     }
 }
@@ -232,6 +273,17 @@ struct RunArgs {
     #[arg(long, value_enum, default_value_t = Exec::Auto, env = "PODPROBE_EXEC_MODE")]
     exec_mode: Exec,
 
+    /// Containers of this pod whose command runs under podprobe's exec agent
+    /// (comma-separated; the manager's injection sets it). `auto` runs their exec probes
+    /// through the agent: in the container, as the kubelet would, without an apiserver request.
+    #[arg(long, env = "PODPROBE_EXEC_AGENTS", value_delimiter = ',')]
+    exec_agents: Vec<String>,
+
+    /// Where the exec agents' sockets are (`<container>.sock`): the volume the sidecar shares
+    /// with the containers that run an agent.
+    #[arg(long, env = "PODPROBE_EXEC_AGENT_DIR", default_value = podprobe::probe::exec::agent::DEFAULT_AGENT_DIR)]
+    exec_agent_dir: PathBuf,
+
     /// How soon a condition another writer removed or changed (a virtual-kubelet provider
     /// replacing the pod's status) is written back. `after-change`: as `immediate` for 30 s
     /// after the probe's result changed, so the managers see every change, as `backoff`
@@ -306,6 +358,14 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     })
             }
+            Command::Agent(args) => exec_agent::run(&args.socket, &args.command).await,
+            Command::InstallAgent { dest } => match exec_agent::install(&dest) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("podprobe install-agent: {e}");
+                    ExitCode::FAILURE
+                }
+            },
             Command::Version => {
                 println!("podprobe {}", env!("CARGO_PKG_VERSION"));
                 ExitCode::SUCCESS

@@ -197,7 +197,10 @@ async fn prober_finds_the_target_by_container_id() {
     };
     let handler = Handler::Exec(cmd(&["/data/probe.sh"]));
     for mode in [ExecMode::Procfs, ExecMode::Auto] {
-        let prober = Prober::default().with_exec(ExecConfig { mode, api: None });
+        let prober = Prober::default().with_exec(ExecConfig {
+            mode,
+            ..Default::default()
+        });
         let obs = prober.attempt(&handler, &target, 5 * SEC).await.unwrap();
         assert_eq!(obs, Observation::succeeded("in-target:idle"), "{mode}");
         assert_eq!(prober.exec_mode_for(&target), ExecMode::Procfs);

@@ -235,6 +235,7 @@ async fn large_output_is_capped(lab: &Lab) {
     let prober = Prober::default().with_exec(ExecConfig {
         mode: ExecMode::Api,
         api: Some(lab.api()),
+        ..Default::default()
     });
     let obs = prober
         .attempt(&Handler::Exec(action), &game(NO_SUCH_CONTAINER), 10 * SEC)
@@ -344,6 +345,7 @@ async fn forbidden_means_mode_unavailable_and_auto_falls_back_to_local(lab: &Lab
     let explicit = Prober::default().with_exec(ExecConfig {
         mode: ExecMode::Api,
         api: Some(lab.api_as_prober().await),
+        ..Default::default()
     });
     let handler = Handler::Exec(sh("printf ran"));
     let err = explicit
@@ -357,6 +359,7 @@ async fn forbidden_means_mode_unavailable_and_auto_falls_back_to_local(lab: &Lab
     let procfs = Prober::default().with_exec(ExecConfig {
         mode: ExecMode::Procfs,
         api: None,
+        ..Default::default()
     });
     let err = procfs
         .attempt(&handler, &game(NO_SUCH_CONTAINER), 5 * SEC)
@@ -448,6 +451,7 @@ fn auto(api: Option<ApiExec>) -> Prober {
     Prober::default().with_exec(ExecConfig {
         mode: ExecMode::Auto,
         api,
+        ..Default::default()
     })
 }
 

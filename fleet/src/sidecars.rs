@@ -68,6 +68,7 @@ pub fn options(
         }),
         metrics_addr: None,
         exec_mode: ExecMode::Local,
+        exec_agent: Default::default(),
         overwrite_repair,
     }
 }

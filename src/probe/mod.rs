@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ContainerPort;
 
-pub use exec::{ApiExec, ExecConfig, ExecMode};
+pub use exec::{AgentExec, ApiExec, ExecConfig, ExecMode};
 
 /// Longest condition message podprobe writes, in bytes (OpenKruise's limit, cut on a char
 /// boundary instead of mid-character).

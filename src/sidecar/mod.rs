@@ -22,7 +22,7 @@ use crate::condition::writer::ApiserverAnswered;
 use crate::events::{EventBudget, EventSink};
 use crate::metrics::Metrics;
 use crate::pod::{self, PodIdentity, PodView, SourceKind, StatusReader, StatusReads};
-use crate::probe::ExecMode;
+use crate::probe::{AgentExec, ExecMode};
 use crate::runner::TimingDefaults;
 use probing::Sidecar;
 
@@ -45,6 +45,8 @@ pub struct SidecarOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Where exec probes run (`api` and `auto` exec into this pod with the sidecar's client).
     pub exec_mode: ExecMode,
+    /// The containers whose command runs under podprobe's exec agent, and the agents' sockets.
+    pub exec_agent: AgentExec,
     /// How soon a condition another writer removed or changed is written back.
     pub overwrite_repair: RepairPolicy,
 }

@@ -79,6 +79,7 @@ impl Sidecar {
                 &identity.namespace,
                 identity.name.clone(),
             )),
+            agent: options.exec_agent.clone(),
         };
         let (reports, reports_rx) = mpsc::channel(1024);
         let drift = Drift::new(options.overwrite_repair);

@@ -1,9 +1,14 @@
 //! Zombie accounting for tests of podprobe's process reaper.
 
-/// Pids of zombie children of this process (state `Z` in `/proc/<pid>/stat`, parent = us).
-/// `comm` may contain spaces and parentheses, so fields are read after the last `)`.
+/// Pids of zombie children of this process.
+#[allow(dead_code)]
 pub fn zombie_children() -> Vec<i32> {
-    let me = std::process::id() as i32;
+    zombie_children_of(std::process::id() as i32)
+}
+
+/// Pids of zombie children of `me` (state `Z` in `/proc/<pid>/stat`, parent = `me`).
+/// `comm` may contain spaces and parentheses, so fields are read after the last `)`.
+pub fn zombie_children_of(me: i32) -> Vec<i32> {
     let mut zombies = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {

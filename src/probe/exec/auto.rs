@@ -2,8 +2,10 @@
 //!
 //! `auto` keeps one decision per target container (by name), made when the container is first
 //! probed and again whenever its `containerID` changes (a restart): the first of
-//! procfs → api → local whose pre-check passes (procfs: the target process is found and the
-//! capabilities are there; api: a client is configured). The choice and the reasons the
+//! agent → procfs → api → local whose pre-check passes (agent: the manager wrapped the
+//! container's command; procfs: the target process is found and the capabilities are there;
+//! api: a client is configured). A container with an agent always uses it: an agent that is
+//! not answering (its container restarting) is an errored attempt, never a fallback. The choice and the reasons the
 //! earlier modes were passed over are logged once, at info. When an attempt in the chosen mode
 //! ends with [`AttemptError::ModeUnavailable`] (ptrace access refused, RBAC forbids
 //! `pods/exec`, ...), that mode is ruled out for this container instance, the fallback is
@@ -17,10 +19,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::procfs::Procfs;
-use super::{ApiExec, ExecConfig, ExecMode};
+use super::{AgentExec, ApiExec, ExecConfig, ExecMode};
 use crate::probe::{AttemptError, ExecAction, Observation, Target};
 
-const ORDER: [ExecMode; 3] = [ExecMode::Procfs, ExecMode::Api, ExecMode::Local];
+const ORDER: [ExecMode; 4] = [
+    ExecMode::Agent,
+    ExecMode::Procfs,
+    ExecMode::Api,
+    ExecMode::Local,
+];
 
 #[derive(Debug)]
 struct Decision {
@@ -34,6 +41,7 @@ struct Decision {
 struct Inner {
     mode: ExecMode,
     api: Option<ApiExec>,
+    agent: AgentExec,
     procfs: Procfs,
     decisions: Mutex<HashMap<String, Decision>>,
 }
@@ -50,6 +58,7 @@ impl Executor {
             inner: Arc::new(Inner {
                 mode: config.mode,
                 api: config.api,
+                agent: config.agent,
                 procfs: Procfs::default(),
                 decisions: Mutex::new(HashMap::new()),
             }),
@@ -96,6 +105,12 @@ impl Executor {
     ) -> Result<Observation, AttemptError> {
         match mode {
             ExecMode::Local | ExecMode::Auto => super::attempt(action, timeout).await,
+            ExecMode::Agent => {
+                self.inner
+                    .agent
+                    .attempt(action, &target.container_name, timeout)
+                    .await
+            }
             ExecMode::Procfs => {
                 self.inner
                     .procfs
@@ -160,6 +175,7 @@ impl Executor {
 
     fn pre_check(&self, mode: ExecMode, target: &Target) -> Result<String, String> {
         match mode {
+            ExecMode::Agent => self.inner.agent.check(&target.container_name),
             ExecMode::Procfs => self
                 .inner
                 .procfs

@@ -2,11 +2,13 @@
 //!
 //! Modes (`--exec-mode`, docs/protocol.md §3):
 //! - `local`: the command runs as a child of podprobe, in the sidecar's own container;
+//! - `agent` ([`agent`]): a child of podprobe's exec agent, the target container's own main
+//!   process (the manager wraps the container's command), asked over a Unix socket;
 //! - `procfs` ([`procfs`]): chrooted into the target container's main process' root, with its
 //!   environment, working directory and ids (needs `shareProcessNamespace`, `CAP_SYS_CHROOT`);
 //! - `api` ([`api`]): the apiserver's `pods/exec` into the target container;
-//! - `auto`: per target container, the first of procfs → api → local that can work (see
-//!   [`Executor`]).
+//! - `auto`: per target container, the first of agent → procfs → api → local that can work
+//!   (see [`Executor`]).
 //!
 //! The runner ([`run`], used by `local` and `procfs`):
 //!
@@ -34,20 +36,25 @@ use tokio::net::unix::pipe;
 
 use super::{AttemptError, ExecAction, MAX_READ_BYTES, Observation, go_duration, reaper};
 
+pub mod agent;
 pub mod api;
 mod auto;
 mod enter;
 pub mod procfs;
 
+pub use agent::AgentExec;
 pub use api::ApiExec;
 pub(crate) use auto::Executor;
 
 /// Where exec probes run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum ExecMode {
-    /// Per target container: procfs when its process is visible and chroot is permitted, else
-    /// api when configured and allowed, else local. Logged once per container.
+    /// Per target container: agent when its command runs under podprobe's exec agent, else
+    /// procfs when its process is visible and chroot is permitted, else api when configured
+    /// and allowed, else local. Logged once per container.
     Auto,
+    /// Through podprobe's exec agent, the target container's main process.
+    Agent,
     /// chroot into the target container's main process (`shareProcessNamespace: true`).
     Procfs,
     /// The apiserver's `pods/exec` into the target container.
@@ -61,6 +68,7 @@ impl std::fmt::Display for ExecMode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             ExecMode::Auto => "auto",
+            ExecMode::Agent => "agent",
             ExecMode::Procfs => "procfs",
             ExecMode::Api => "api",
             ExecMode::Local => "local",
@@ -74,6 +82,8 @@ pub struct ExecConfig {
     pub mode: ExecMode,
     /// For `api` (and `auto`): the pod to exec into. `None` → `api` is unavailable.
     pub api: Option<ApiExec>,
+    /// For `agent` (and `auto`): the containers with an agent and where their sockets are.
+    pub agent: AgentExec,
 }
 
 /// After SIGKILL, how long to wait for the status before giving up on it (the reaper still

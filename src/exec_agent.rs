@@ -1,0 +1,186 @@
+//! `podprobe agent`: the exec agent, run as an app container's main process so the sidecar's
+//! exec probes run inside that container (see [`crate::probe::exec::agent`] for the sidecar's
+//! side and the wire).
+//!
+//! As the container's PID 1 it owes the container's own command what an init owes: the command
+//! keeps the container's stdio, environment and working directory (nothing is changed before
+//! it starts); the signals a runtime or a user sends are forwarded to it; every orphan is
+//! reaped ([`reaper`]); and the container's exit code is the command's (128 + the signal's
+//! number when a signal ended it, as a shell reports it). Serving probes is second to that:
+//! if the socket cannot be served, the command runs anyway and the reason is logged.
+//!
+//! Whoever can reach the socket can run commands as this container's user; the manager mounts
+//! its volume in this container and the sidecar only.
+
+use std::io::{self, ErrorKind};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::Pid;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::probe::exec::agent::{Request, Response, read_line, write_line};
+use crate::probe::{ExecAction, reaper};
+
+/// The signals forwarded to the command: those a runtime, `kubectl` or an operator sends to
+/// ask a process something (SIGKILL and SIGSTOP cannot be caught; SIGCHLD is the reaper's).
+const FORWARDED: [Signal; 7] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGUSR1,
+    Signal::SIGUSR2,
+    Signal::SIGWINCH,
+];
+
+/// How long a connection may take to send its request.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Runs `command` as the container's main process and serves exec probes on `socket` until
+/// it exits; returns its exit code.
+pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
+    // Registered before the command starts, so a SIGTERM that comes early is forwarded, not
+    // lost (a PID 1 without a handler ignores it).
+    let mut streams = Vec::new();
+    for sig in FORWARDED {
+        match signal(SignalKind::from_raw(sig as i32)) {
+            Ok(stream) => streams.push((sig, stream)),
+            Err(e) => tracing::warn!("podprobe agent: cannot forward {sig}: {e}"),
+        }
+    }
+    let Some((program, args)) = command.split_first() else {
+        eprintln!("podprobe agent: no command to run");
+        return ExitCode::from(127);
+    };
+    let (child, exit) = match reaper::spawn(Command::new(program).args(args)) {
+        Ok(started) => started,
+        Err(e) => {
+            eprintln!("podprobe agent: cannot start {command:?}: {e}");
+            // What a shell answers for a missing (127) or unusable (126) command.
+            return ExitCode::from(if e.kind() == ErrorKind::NotFound {
+                127
+            } else {
+                126
+            });
+        }
+    };
+    let pid = Pid::from_raw(child.id() as i32);
+    // Never waited on: the reaper owns its status.
+    drop(child);
+    for (sig, mut stream) in streams {
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                let _ = kill(pid, sig);
+            }
+        });
+    }
+    match bind(socket) {
+        Ok(listener) => {
+            tracing::info!(
+                "podprobe agent: {program} runs as pid {pid}; serving exec probes on {}",
+                socket.display()
+            );
+            tokio::spawn(serve(listener));
+        }
+        Err(e) => tracing::warn!(
+            "podprobe agent: cannot serve exec probes on {}: {e}; {program} runs anyway, and exec probes on this container fail until it restarts",
+            socket.display()
+        ),
+    }
+    match exit.wait().await {
+        Some(WaitStatus::Exited(_, code)) => ExitCode::from(code as u8),
+        Some(WaitStatus::Signaled(_, sig, _)) => ExitCode::from(128 + sig as u8),
+        other => {
+            eprintln!("podprobe agent: unexpected status of {program}: {other:?}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Binds `socket`, replacing what a previous instance of the container left, readable and
+/// writable by the sidecar whatever its user.
+fn bind(socket: &Path) -> io::Result<UnixListener> {
+    match std::fs::symlink_metadata(socket) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(socket)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            ));
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = UnixListener::bind(socket)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))?;
+    Ok(listener)
+}
+
+async fn serve(listener: UnixListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                tokio::spawn(answer(stream));
+            }
+            Err(e) => {
+                tracing::warn!("podprobe agent: accepting a probe connection failed: {e}");
+                // EMFILE and the like: give what holds descriptors a moment to let go.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Runs one exec attempt with the same runner as the sidecar's `local` mode.
+async fn answer(mut stream: UnixStream) {
+    let request =
+        match tokio::time::timeout(REQUEST_DEADLINE, read_line::<Request>(&mut stream)).await {
+            Ok(Ok(request)) => request,
+            Ok(Err(e)) => {
+                let message = format!("the exec agent could not read the request: {e}");
+                let _ = write_line(&mut stream, &Response::Error { message }).await;
+                return;
+            }
+            Err(_) => return,
+        };
+    let action = ExecAction {
+        command: request.command,
+    };
+    let timeout = Duration::from_millis(request.timeout_millis);
+    let result = crate::probe::exec::attempt(&action, timeout).await;
+    // The sidecar may have given up meanwhile; nothing to do about a failed write.
+    let _ = write_line(&mut stream, &Response::of(result)).await;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("cannot find this binary to copy it: {0}")]
+    Locate(#[source] io::Error),
+    #[error("cannot copy the agent to {dest}: {source} (is the agent volume mounted there?)")]
+    Copy {
+        dest: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Copies this binary to `dest`, executable by every user; through a temporary name, so a
+/// container never starts a half-written agent.
+pub fn install(dest: &Path) -> Result<(), InstallError> {
+    let source = std::env::current_exe().map_err(InstallError::Locate)?;
+    let copy_error = |source| InstallError::Copy {
+        dest: dest.to_owned(),
+        source,
+    };
+    let partial = dest.with_extension("partial");
+    std::fs::copy(&source, &partial).map_err(copy_error)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
+        .map_err(copy_error)?;
+    std::fs::rename(&partial, dest).map_err(copy_error)
+}

@@ -1,0 +1,377 @@
+//! `agent` exec mode against the real `podprobe agent` process: the exec contract through its
+//! socket (the vectors `local` mode passes in probe_exec.rs), and what the agent owes the
+//! container as its main process (signals forwarded, orphans reaped, the exit code kept).
+//!
+//! Every child in this binary is spawned through podprobe's reaper (which waits for *all*
+//! children of the process), so no test here may use `std::process::Command::output` & co.
+#[path = "support/zombies.rs"]
+mod zombies;
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::Pid;
+use podprobe::probe::exec::agent::socket_path;
+use podprobe::probe::reaper::{self, ExitStatusFuture};
+use podprobe::probe::{
+    AgentExec, AttemptError, ExecAction, ExecConfig, ExecMode, Handler, MAX_MESSAGE_BYTES,
+    Observation, Outcome, Prober, Target,
+};
+
+const SEC: Duration = Duration::from_secs(1);
+const CONTAINER: &str = "game";
+
+fn cmd(argv: &[&str]) -> ExecAction {
+    ExecAction {
+        command: argv.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn sh(script: &str) -> ExecAction {
+    cmd(&["sh", "-c", script])
+}
+
+/// A running `podprobe agent` wrapping `command`, in its own process group (killed on drop).
+struct Agent {
+    dir: tempfile::TempDir,
+    pid: Pid,
+    exit: Option<ExitStatusFuture>,
+}
+
+impl Agent {
+    async fn start(command: &[&str]) -> Agent {
+        Agent::start_with(command, |_| {}).await
+    }
+
+    /// Starts the agent in a fresh directory (the shared volume, also its working directory's
+    /// parent), with `FOO` in its environment, after `adjust` had its say.
+    async fn start_with(command: &[&str], adjust: impl FnOnce(&mut Command)) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        // Writable by every user, as an emptyDir is.
+        for path in [dir.path(), &work] {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        }
+        let socket = socket_path(dir.path(), CONTAINER);
+        // As the injected init container does: the agent runs from the shared volume (where
+        // the container's user can execute it).
+        let binary = dir.path().join("podprobe");
+        let mut install = Command::new(env!("CARGO_BIN_EXE_podprobe"));
+        install.arg("install-agent").arg(&binary);
+        let (child, installed) = reaper::spawn(&mut install).unwrap();
+        drop(child);
+        assert!(
+            matches!(installed.wait().await, Some(WaitStatus::Exited(_, 0))),
+            "podprobe install-agent failed"
+        );
+        let mut agent = Command::new(&binary);
+        agent
+            .args(["agent", "--socket"])
+            .arg(&socket)
+            .arg("--")
+            .args(command)
+            .env("FOO", "from-the-container")
+            .current_dir(&work)
+            .process_group(0);
+        adjust(&mut agent);
+        let (child, exit) = reaper::spawn(&mut agent).unwrap();
+        let pid = Pid::from_raw(child.id() as i32);
+        drop(child);
+        let mut agent = Agent {
+            dir,
+            pid,
+            exit: Some(exit),
+        };
+        agent.until_serving(&socket).await;
+        agent
+    }
+
+    /// Waits until the socket is there, or the agent exited (then panics with its status).
+    async fn until_serving(&mut self, socket: &Path) {
+        let deadline = tokio::time::Instant::now() + 10 * SEC;
+        while !socket.exists() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no socket after 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn volume(&self) -> PathBuf {
+        self.dir.path().to_owned()
+    }
+
+    fn prober(&self, mode: ExecMode) -> Prober {
+        Prober::default().with_exec(ExecConfig {
+            mode,
+            agent: AgentExec {
+                dir: self.volume(),
+                containers: vec![CONTAINER.into()],
+            },
+            ..Default::default()
+        })
+    }
+
+    async fn probe(
+        &self,
+        action: ExecAction,
+        timeout: Duration,
+    ) -> Result<Observation, AttemptError> {
+        let target = Target {
+            container_name: CONTAINER.into(),
+            ..Target::new("127.0.0.1")
+        };
+        self.prober(ExecMode::Agent)
+            .attempt(&Handler::Exec(action), &target, timeout)
+            .await
+    }
+
+    async fn exited(&mut self) -> WaitStatus {
+        let exit = self.exit.take().expect("waited for once");
+        tokio::time::timeout(10 * SEC, exit.wait())
+            .await
+            .expect("the agent did not exit within 10 s")
+            .unwrap()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.exit.is_some() {
+            let _ = killpg(self.pid, Signal::SIGKILL);
+        }
+    }
+}
+
+const IDLE: &[&str] = &["sleep", "3600"];
+
+#[tokio::test]
+async fn the_exec_contract_holds_through_the_agent() {
+    let agent = Agent::start(IDLE).await;
+    let observed = |outcome, message: &str| Observation {
+        outcome,
+        message: message.to_owned(),
+    };
+    let cases = [
+        (cmd(&["printf", "OK"]), observed(Outcome::Succeeded, "OK")),
+        (
+            sh("echo out; echo err >&2"),
+            observed(Outcome::Succeeded, "out\n"),
+        ),
+        (
+            sh("echo out; echo err >&2; exit 3"),
+            observed(Outcome::Failed, "err\n"),
+        ),
+        (
+            sh("kill -KILL $$"),
+            observed(Outcome::Failed, "command terminated by signal SIGKILL"),
+        ),
+        (
+            cmd(&["printf", "%s|", "a b", "$HOME", "*"]),
+            observed(Outcome::Succeeded, "a b|$HOME|*|"),
+        ),
+        (
+            cmd(&["printenv", "FOO"]),
+            observed(Outcome::Succeeded, "from-the-container\n"),
+        ),
+        (sh("cat; echo done"), observed(Outcome::Succeeded, "done\n")),
+    ];
+    for (action, want) in cases {
+        let got = agent.probe(action.clone(), 5 * SEC).await;
+        assert_eq!(got.unwrap(), want, "{action:?}");
+    }
+    let cwd = agent.probe(cmd(&["pwd"]), 5 * SEC).await.unwrap();
+    let work = agent.volume().join("work").canonicalize().unwrap();
+    assert_eq!(cwd.message.trim_end(), work.to_str().unwrap());
+
+    // The agent keeps what `local` keeps; the prober then caps the message for both.
+    let big = sh("head -c 100000 /dev/zero | tr '\\0' a");
+    let local = Prober::default()
+        .attempt(
+            &Handler::Exec(big.clone()),
+            &Target::new("127.0.0.1"),
+            5 * SEC,
+        )
+        .await
+        .unwrap();
+    let through_agent = agent.probe(big, 5 * SEC).await.unwrap();
+    assert_eq!(through_agent, local);
+    assert_eq!(through_agent.message.len(), MAX_MESSAGE_BYTES);
+
+    let missing = agent.probe(cmd(&["/no/such/probe"]), 5 * SEC).await;
+    let err = missing.unwrap_err().to_string();
+    assert!(
+        err.contains("cannot start command") && err.contains("/no/such/probe"),
+        "{err}"
+    );
+}
+
+fn alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Until `pid` is gone from /proc: reaped, not a zombie (a zombie keeps its /proc entry).
+async fn until_reaped(pid: i32) {
+    let deadline = tokio::time::Instant::now() + 10 * SEC;
+    while alive(pid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pid {pid} still in /proc after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn read_pid(file: &Path) -> i32 {
+    std::fs::read_to_string(file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_timeout_kills_the_commands_group_and_says_what_the_kubelet_says() {
+    let agent = Agent::start(IDLE).await;
+    let pidfile = agent.volume().join("grandchild");
+    let script = format!(
+        "sleep 30 & echo $! > {0}.tmp; mv {0}.tmp {0}; sleep 30",
+        pidfile.display()
+    );
+    let started = std::time::Instant::now();
+    let obs = agent.probe(sh(&script), SEC).await.unwrap();
+    assert!(started.elapsed() >= SEC);
+    assert_eq!(obs.outcome, Outcome::Failed);
+    assert_eq!(
+        obs.message,
+        format!("command timed out: \"sh -c {script}\" timed out after 1s")
+    );
+    until_reaped(read_pid(&pidfile)).await;
+    assert_eq!(
+        zombies::zombie_children_of(agent.pid.as_raw()),
+        Vec::<i32>::new()
+    );
+}
+
+/// Needs root to start the agent as another user, as CI's machines have; fails otherwise.
+#[tokio::test]
+async fn probes_run_as_the_containers_user() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test starts the agent as uid 65534 and needs root"
+    );
+    let agent = Agent::start_with(IDLE, |c| {
+        c.uid(65534).gid(65534);
+    })
+    .await;
+    let ids = agent
+        .probe(sh("echo $(id -u):$(id -g)"), 5 * SEC)
+        .await
+        .unwrap();
+    assert_eq!(ids.message, "65534:65534\n");
+}
+
+#[tokio::test]
+async fn auto_uses_the_agent_for_its_containers_only_and_never_falls_back_from_it() {
+    let mut agent = Agent::start(IDLE).await;
+    let auto = agent.prober(ExecMode::Auto);
+    let game = Target {
+        container_name: CONTAINER.into(),
+        ..Target::new("127.0.0.1")
+    };
+    let other = Target {
+        container_name: "other".into(),
+        ..Target::new("127.0.0.1")
+    };
+    assert_eq!(auto.exec_mode_for(&game), ExecMode::Agent);
+    assert_ne!(auto.exec_mode_for(&other), ExecMode::Agent);
+
+    // The container stops: its processes are killed.
+    killpg(agent.pid, Signal::SIGKILL).unwrap();
+    agent.exited().await;
+    let err = auto
+        .attempt(&Handler::Exec(cmd(&["true"])), &game, SEC)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, AttemptError::Other(m) if m.contains("not running")),
+        "{err:?}"
+    );
+    assert_eq!(auto.exec_mode_for(&game), ExecMode::Agent);
+}
+
+#[tokio::test]
+async fn sigterm_reaches_the_command_and_its_exit_code_is_the_containers() {
+    let script = "trap 'exit 7' TERM; touch ready; while :; do sleep 0.05; done";
+    let mut agent = Agent::start(&["sh", "-c", script]).await;
+    let ready = agent.volume().join("work/ready");
+    let deadline = tokio::time::Instant::now() + 10 * SEC;
+    while !ready.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "no trap after 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    kill(agent.pid, Signal::SIGTERM).unwrap();
+    assert_eq!(agent.exited().await, WaitStatus::Exited(agent.pid, 7));
+}
+
+#[tokio::test]
+async fn the_exit_code_is_the_commands() {
+    for (script, code) in [("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", 137)] {
+        let mut agent = Agent::start(&["sh", "-c", &format!("sleep 0.2; {script}")]).await;
+        assert_eq!(
+            agent.exited().await,
+            WaitStatus::Exited(agent.pid, code),
+            "{script}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn orphans_in_the_container_are_reaped() {
+    // The command leaves orphans, and so does a probe.
+    let script = "(sleep 0.3 & echo $! > ../orphan); exec sleep 3600";
+    let agent = Agent::start(&["sh", "-c", script]).await;
+    let orphan = agent.volume().join("orphan");
+    let deadline = tokio::time::Instant::now() + 10 * SEC;
+    while !orphan.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no orphan after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let probe_orphan = agent.volume().join("probe-orphan");
+    let script = format!("sleep 0.3 & echo $! > {}", probe_orphan.display());
+    let obs = agent.probe(sh(&script), 5 * SEC).await.unwrap();
+    assert_eq!(obs.outcome, Outcome::Succeeded);
+    for file in [orphan, probe_orphan] {
+        until_reaped(read_pid(&file)).await;
+    }
+    assert_eq!(
+        zombies::zombie_children_of(agent.pid.as_raw()),
+        Vec::<i32>::new()
+    );
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_exits_as_a_shell_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = socket_path(dir.path(), CONTAINER);
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_podprobe"));
+    agent
+        .args(["agent", "--socket"])
+        .arg(&socket)
+        .args(["--", "/no/such/server"]);
+    let (child, exit) = reaper::spawn(&mut agent).unwrap();
+    let pid = Pid::from_raw(child.id() as i32);
+    drop(child);
+    let status = tokio::time::timeout(10 * SEC, exit.wait()).await.unwrap();
+    assert_eq!(status, Some(WaitStatus::Exited(pid, 127)));
+}
