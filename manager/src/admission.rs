@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
+use podprobe_protocol::annotation::PodContainerProbe;
 
 use crate::annotate::{self, ProbeAnnotations};
 use crate::config::InjectionConfig;
@@ -51,14 +52,21 @@ pub fn mutate(
     };
     let mut injected = false;
     if let Some(injection) = injection {
-        let conditions = annotations
+        let probes = annotations
             .as_ref()
-            .map(|a| condition_types(&a.probes))
+            .map(|a| probes(&a.probes))
             .unwrap_or_default();
+        let conditions: Vec<String> = probes
+            .iter()
+            .map(|p| p.pod_condition_type.clone())
+            .filter(|c| !c.is_empty())
+            .collect();
+        let exec_containers = exec_containers(&probes);
         let ctx = InjectContext {
             namespace_labels: injection.namespace_labels,
             native_sidecars_supported: injection.native_sidecars_supported,
             probe_condition_types: &conditions,
+            exec_probe_containers: &exec_containers,
             request_uid: injection.request_uid,
         };
         let sidecar = inject_ops(pod, injection.config, &ctx);
@@ -72,14 +80,18 @@ pub fn mutate(
     }
 }
 
-/// The condition types of the probes in a `kruise.io/podprobe` value (for readiness gates).
-fn condition_types(probes_json: &str) -> Vec<String> {
-    serde_json::from_str::<Vec<podprobe_protocol::annotation::PodContainerProbe>>(probes_json)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|p| p.pod_condition_type)
-        .filter(|c| !c.is_empty())
+/// The containers that exec probes among `probes` target.
+pub fn exec_containers(probes: &[PodContainerProbe]) -> Vec<String> {
+    probes
+        .iter()
+        .filter(|p| p.probe.exec.is_some())
+        .map(|p| p.container_name.clone())
         .collect()
+}
+
+/// The probes of a `kruise.io/podprobe` value (for readiness gates and the exec agent).
+pub fn probes(probes_json: &str) -> Vec<PodContainerProbe> {
+    serde_json::from_str(probes_json).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -201,14 +201,25 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
     // As the webhook in standalone mode (in companion mode OpenKruise writes the annotations).
     let mutation = admission::mutate(&pod, &ppms, true, injection);
     let mut notes = Vec::new();
+    let mut exec_notes = Vec::new();
     if mutation.annotations.is_none() {
         notes.push("no probe accepted (no matching marker, podConditionType or container): annotations left unchanged".into());
     }
     if let Some(config) = &config {
         notes.push(if let (true, Some(spec)) = (mutation.injected, &pod.spec) {
+            let shape = inject::shape::of(spec, config);
+            let probes = mutation
+                .annotations
+                .as_ref()
+                .map(|a| admission::probes(&a.probes))
+                .unwrap_or_default();
+            let exec_containers = admission::exec_containers(&probes);
+            let virtual_node = shape == inject::shape::Shape::VirtualNode;
+            let agent = inject::agent::plan(spec, config, &exec_containers, virtual_node);
+            exec_notes = agent.decisions.iter().map(|d| d.note()).collect();
             format!(
                 "sidecar injected in the {} shape ({})",
-                inject::shape::of(spec, config).as_str(),
+                shape.as_str(),
                 inject::shape::explain(spec, config)
             )
         } else {
@@ -218,6 +229,7 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
             )
         });
     }
+    notes.extend(exec_notes);
     let ops = mutation.ops;
     let mut doc = serde_json::to_value(&pod).map_err(|e| CliError::Output(e.to_string()))?;
     crate::patch::apply(&mut doc, &ops)?;
@@ -345,9 +357,15 @@ status:
             spec.readiness_gates.unwrap()[0].condition_type,
             "game.kruise.io/healthy"
         );
-        assert_eq!(out.notes.len(), 1, "{:?}", out.notes);
+        assert_eq!(out.notes.len(), 2, "{:?}", out.notes);
         assert!(
             out.notes[0].starts_with("sidecar injected in the kubelet shape"),
+            "{:?}",
+            out.notes
+        );
+        // The test pod's container has no command: its exec probe cannot use the agent.
+        assert!(
+            out.notes[1].contains("\"main\"") && out.notes[1].contains("no command"),
             "{:?}",
             out.notes
         );

@@ -52,6 +52,11 @@ pub struct InjectionConfig {
     /// `"*"` means every probe condition of the pod. Empty: no gates.
     #[serde(default)]
     pub readiness_gates: Vec<String>,
+    /// Run exec probes through podprobe's exec agent inside the probed container, where the
+    /// pod allows it (`auto`, see [`crate::inject::agent`]), or never (`disabled`: they go
+    /// through pods/exec, or procfs with `shareProcessNamespace`).
+    #[serde(default)]
+    pub exec_agent: ExecAgentChoice,
     /// Set `shareProcessNamespace: true`, which the sidecar's `procfs` exec mode needs.
     #[serde(default)]
     pub share_process_namespace: bool,
@@ -69,6 +74,18 @@ pub struct InjectionConfig {
     /// virtual node, so `podShape: auto` gives it the virtual-node shape.
     #[serde(default = "default_virtual_node_taints")]
     pub virtual_node_taints: Vec<String>,
+}
+
+/// The `execAgent` setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ExecAgentChoice {
+    /// Wrap the command of each container that exec probes target, when it has one in the
+    /// pod spec.
+    #[default]
+    Auto,
+    /// Wrap nothing.
+    Disabled,
 }
 
 /// The `podShape` setting.

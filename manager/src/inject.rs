@@ -3,6 +3,7 @@
 //! needs ([`shape`]), and give the pod's service-account token to the sidecar alone
 //! ([`token`]).
 
+pub mod agent;
 pub mod shape;
 mod token;
 
@@ -31,6 +32,8 @@ pub struct InjectContext<'a> {
     pub native_sidecars_supported: bool,
     /// Condition types of the probes written into the pod's `kruise.io/podprobe`.
     pub probe_condition_types: &'a [String],
+    /// Containers that the pod's exec probes target.
+    pub exec_probe_containers: &'a [String],
     /// The admission request's uid: names the Secret of a virtual-node pod's token.
     pub request_uid: &'a str,
 }
@@ -215,6 +218,38 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         );
         volumes_exist = true;
     }
+    // Ops on the pod's own containers by index: after the token's removals, before the
+    // sidecar is appended.
+    let agent = agent::plan(
+        spec,
+        config,
+        ctx.exec_probe_containers,
+        shape == Shape::VirtualNode,
+    );
+    ops.extend(agent.ops);
+    let mut init_containers_exist = spec.init_containers.is_some();
+    if let Some(parts) = agent.parts {
+        sidecar.env.get_or_insert_default().push(parts.sidecar_env);
+        sidecar
+            .volume_mounts
+            .get_or_insert_default()
+            .push(parts.sidecar_mount);
+        append(
+            &mut ops,
+            "/spec/volumes",
+            volumes_exist,
+            json(&parts.volume),
+        );
+        volumes_exist = true;
+        // Before a native sidecar: init containers start in order.
+        append(
+            &mut ops,
+            "/spec/initContainers",
+            init_containers_exist,
+            json(&parts.install),
+        );
+        init_containers_exist = true;
+    }
     let container = json(&sidecar);
     if native {
         // Appended, so ordinary init containers are not delayed and the sidecar is up before
@@ -222,7 +257,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         append(
             &mut ops,
             "/spec/initContainers",
-            spec.init_containers.is_some(),
+            init_containers_exist,
             container,
         );
     } else {
@@ -556,6 +591,131 @@ mod tests {
         }));
         let injected = applied(&p, &ops);
         assert!(inject_ops(&injected, &c, &ctx).is_empty());
+    }
+
+    fn with_command(mut p: Pod, command: Option<&[&str]>) -> Pod {
+        let main = &mut p.spec.as_mut().unwrap().containers[0];
+        main.command = command.map(|c| c.iter().map(|s| s.to_string()).collect());
+        main.args = Some(vec!["7777".into()]);
+        p
+    }
+
+    fn find<'a>(containers: &'a [Container], name: &str) -> &'a Container {
+        containers.iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn the_container_exec_probes_target_runs_its_command_under_the_agent() {
+        let exec = vec!["main".to_string()];
+        let ctx = InjectContext {
+            native_sidecars_supported: true,
+            exec_probe_containers: &exec,
+            ..Default::default()
+        };
+        let p = with_command(pod(ENABLED), Some(&["/server", "--port"]));
+        let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        let main = &spec.containers[0];
+        assert_eq!(
+            main.command.as_deref().unwrap(),
+            [
+                agent::AGENT_BINARY,
+                "agent",
+                "--socket",
+                "/podprobe-agent/main.sock",
+                "--",
+                "/server",
+                "--port"
+            ]
+        );
+        assert_eq!(main.args.as_deref().unwrap(), ["7777"]);
+        let rw = |c: &Container| {
+            let m = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.name == agent::AGENT_VOLUME);
+            m.map(|m| (m.mount_path.clone(), m.read_only.unwrap_or(false)))
+        };
+        assert_eq!(rw(main), Some((agent::AGENT_DIR.into(), false)));
+        let inits = spec.init_containers.unwrap();
+        let names: Vec<_> = inits.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, [agent::INSTALL_CONTAINER, "podprobe"]);
+        let install = &inits[0];
+        assert_eq!(
+            install.command.as_deref().unwrap(),
+            [
+                crate::config::DEFAULT_COMMAND,
+                "install-agent",
+                agent::AGENT_BINARY
+            ]
+        );
+        assert_eq!(install.security_context, Some(config().security_context));
+        assert_eq!(install.restart_policy, None);
+        assert_eq!(rw(install), Some((agent::AGENT_DIR.into(), false)));
+        assert!(install.resources.is_some());
+        let sidecar = &inits[1];
+        assert_eq!(rw(sidecar), Some((agent::AGENT_DIR.into(), true)));
+        assert!(env_of(sidecar).contains(&(agent::AGENTS_ENV, "main")));
+        let volumes = spec.volumes.unwrap();
+        let volume = volumes
+            .iter()
+            .find(|v| v.name == agent::AGENT_VOLUME)
+            .unwrap();
+        assert!(volume.empty_dir.is_some());
+    }
+
+    #[test]
+    fn no_agent_without_a_command_an_exec_probe_or_when_disabled() {
+        let exec = vec!["main".to_string()];
+        let none: Vec<String> = vec![];
+        let ctx = |exec_probe_containers| InjectContext {
+            exec_probe_containers,
+            ..Default::default()
+        };
+        let mut disabled = config();
+        disabled.exec_agent = crate::config::ExecAgentChoice::Disabled;
+        let with = with_command(pod(ENABLED), Some(&["/server"]));
+        let without = with_command(pod(ENABLED), None);
+        for (p, c, ctx) in [
+            (&without, config(), ctx(&exec)),
+            (&with, config(), ctx(&none)),
+            (&with, disabled, ctx(&exec)),
+        ] {
+            let spec = applied(p, &inject_ops(p, &c, &ctx)).spec.unwrap();
+            let main = &spec.containers[0];
+            assert_eq!(main.command, p.spec.as_ref().unwrap().containers[0].command);
+            assert!(main.volume_mounts.is_none());
+            let sidecar = find(&spec.containers, "podprobe");
+            assert!(!env_of(sidecar).iter().any(|(n, _)| *n == agent::AGENTS_ENV));
+            let volumes = spec.volumes.iter().flatten();
+            assert!(volumes.map(|v| &v.name).all(|n| n != agent::AGENT_VOLUME));
+        }
+        let plan = agent::plan(without.spec.as_ref().unwrap(), &config(), &exec, false);
+        assert!(
+            matches!(&plan.decisions[..], [agent::Decision::Left { why, .. }] if why.contains("no command")),
+            "{:?}",
+            plan.decisions
+        );
+    }
+
+    #[test]
+    fn on_a_virtual_node_the_install_container_has_no_resources() {
+        let exec = vec!["main".to_string()];
+        let ctx = InjectContext {
+            exec_probe_containers: &exec,
+            ..Default::default()
+        };
+        let mut p = with_command(pod(ENABLED), Some(&["/server"]));
+        p.spec.as_mut().unwrap().node_selector = Some(labels(&[("type", "virtual-kubelet")]));
+        let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        let install = find(
+            spec.init_containers.as_deref().unwrap(),
+            agent::INSTALL_CONTAINER,
+        );
+        assert_eq!(install.resources, None);
+        assert_eq!(install.ports, None);
+        let sidecar = find(&spec.containers, "podprobe");
+        assert!(env_of(sidecar).contains(&(agent::AGENTS_ENV, "main")));
     }
 
     /// What kube-apiserver's ServiceAccount plugin adds before the webhook.
