@@ -237,7 +237,8 @@ async fn the_injected_pod_passes_pod_security_restricted_and_only_its_sidecar_ho
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": NS, "labels": {"app": "test"}},
             "spec": {"nodeName": "vk-1", "serviceAccountName": "podprobe-sidecar",
-                "containers": [{"name": "main", "image": "game:1", "securityContext": context}]}
+                "containers": [{"name": "main", "image": "game:1", "command": ["/game"],
+                                "securityContext": context}]}
         }))
         .unwrap();
         pod
@@ -252,8 +253,24 @@ async fn the_injected_pod_passes_pod_security_restricted_and_only_its_sidecar_ho
         Err(e) => panic!("an injected pod refused under \"restricted\": {e}"),
     };
     let spec = created.spec.as_ref().unwrap();
-    let sidecar = &spec.init_containers.as_ref().expect("the sidecar")[0];
-    assert_eq!(sidecar.name, "podprobe");
+    // The exec probe's container gives its command: it runs under the exec agent, which
+    // the init container installs, both within "restricted".
+    let inits = spec.init_containers.as_ref().expect("the sidecar");
+    let names: Vec<&str> = inits.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["podprobe-agent-install", "podprobe"]);
+    let sidecar = &inits[1];
+    let main_command = spec.containers[0].command.as_deref().unwrap();
+    assert_eq!(
+        main_command,
+        [
+            "/podprobe-agent/podprobe",
+            "agent",
+            "--socket",
+            "/podprobe-agent/main.sock",
+            "--",
+            "/game"
+        ]
+    );
     // The pod's token is the sidecar's alone, through the real ServiceAccount plugin (which
     // ran before the webhook and again after it).
     let token_path = "/var/run/secrets/kubernetes.io/serviceaccount";

@@ -26,8 +26,9 @@ use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE
 use installed::NS;
 use on_node::{
     SIDECAR, allow_pods_exec, container_id, exec, game_pod, logs, memory_cgroup, memory_stat,
-    node_and_chart, node_and_chart_in, node_and_deployed_chart, pod_with_hand_written_sidecar,
-    pods_of, projected_token, restart_count, scale_to_zero, wait_each_seen, wait_for,
+    node_and_chart, node_and_chart_in, node_and_chart_with, node_and_deployed_chart,
+    pod_with_hand_written_sidecar, pods_of, projected_token, restart_count, scale_to_zero,
+    wait_each_seen, wait_for,
 };
 use support::{annotation, condition_status, label};
 
@@ -280,6 +281,128 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
         late.is_empty(),
         "the sidecar wrote after the deletion: {late:?}"
     );
+    let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// `sh -c script` in the container `id` through containerd alone (no apiserver request).
+fn ctr_exec(node: &testkit::real::Node, id: &str, exec_id: &str, script: &str) {
+    let status = node
+        .ctr()
+        .args([
+            "tasks",
+            "exec",
+            "--exec-id",
+            exec_id,
+            id,
+            "sh",
+            "-c",
+            script,
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "ctr tasks exec {id} {script:?}");
+}
+
+/// All `pods/exec` requests the apiserver has served.
+async fn pods_exec_requests(cp: &testkit::real::ControlPlane) -> u64 {
+    let counts = testkit::real::metrics::request_counts(&cp.metrics().await.unwrap());
+    counts
+        .iter()
+        .filter(|((_, resource, sub), _)| resource == "pods" && sub == "exec")
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// The chart as installed (no shared process namespace, a non-root sidecar without
+/// capabilities) and a game container that gives its command: the command runs under
+/// podprobe's exec agent, so the exec probe runs in the game container without a `pods/exec`
+/// request; SIGTERM reaches the game server through the agent; the restarted container's
+/// new agent takes the probes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() {
+    let (running, node) = node_and_chart_with(NodeOptions::default(), Mode::Standalone, &[]).await;
+    let cp = &running.cp;
+    create_ppm(cp, &game_ppm(false)).await;
+    let mut pod = game_pod("game-agent", node.name());
+    pod.spec.as_mut().unwrap().containers[0].command =
+        Some(vec!["/usr/local/bin/gameserver".into()]);
+    let pods = create_admitted(cp, &pod).await;
+    let up = wait_for(&pods, "game-agent", "probes written", game_up).await;
+    let log = logs(&pods, "game-agent", SIDECAR).await;
+    assert!(log.contains("exec_mode=agent"), "{log}");
+    let game_log = logs(&pods, "game-agent", "game").await;
+    assert!(
+        game_log.contains("serving exec probes on /podprobe-agent/game.sock"),
+        "{game_log}"
+    );
+
+    // Idle and back, set through containerd: the only pods/exec requests would be the
+    // sidecar's.
+    let before = pods_exec_requests(cp).await;
+    let game = container_id(&up, "game").unwrap();
+    ctr_exec(&node, &game, "idle", "touch /var/run/game/idle");
+    wait_for(&pods, "game-agent", "idle", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
+    ctr_exec(&node, &game, "busy", "rm /var/run/game/idle");
+    wait_for(&pods, "game-agent", "busy again", |p| {
+        condition_status(p, IDLE).as_deref() == Some("False")
+    })
+    .await;
+    assert_eq!(pods_exec_requests(cp).await - before, 0);
+
+    // The runtime stops the container as the kubelet does, SIGTERM to its main process: the
+    // agent forwards it, the game server exits, and the container's exit is the game
+    // server's.
+    let stopped = node
+        .ctr()
+        .args(["tasks", "kill", "--signal", "SIGTERM", &game])
+        .status()
+        .unwrap();
+    assert!(stopped.success(), "ctr tasks kill {game}");
+    let restarted = wait_for(&pods, "game-agent", "the new container's results", |p| {
+        game_up(p) && restart_count(p, "game") == 1
+    })
+    .await;
+    let last = restarted
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap();
+    let last = last.iter().find(|c| c.name == "game").unwrap();
+    let terminated = last
+        .last_state
+        .as_ref()
+        .unwrap()
+        .terminated
+        .as_ref()
+        .unwrap();
+    assert_eq!(terminated.exit_code, 0, "{terminated:?}");
+    let previous = pods
+        .logs(
+            "game-agent",
+            &kube::api::LogParams {
+                container: Some("game".into()),
+                previous: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        previous.contains("gameserver: SIGTERM, exiting"),
+        "{previous}"
+    );
+    let new_game = container_id(&restarted, "game").unwrap();
+    ctr_exec(&node, &new_game, "idle-again", "touch /var/run/game/idle");
+    wait_for(&pods, "game-agent", "idle in the new container", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
