@@ -10,7 +10,8 @@ use tokio::sync::mpsc;
 
 use crate::annotation::{self, AnnotationError, InvalidProbe, PodContainers, ProbeSet};
 use crate::condition::ConditionBook;
-use crate::probe::{ExecConfig, ExecMode, Prober};
+use crate::probe::exec::agent::DEFAULT_AGENT_DIR;
+use crate::probe::{AgentExec, ExecConfig, ExecMode, Prober};
 use crate::runner::{
     ProbeId, ProbeState, Runner, RunnerConfig, TimingDefaults, Transition, WorkerReport,
 };
@@ -239,7 +240,10 @@ pub async fn run(options: CheckOptions) -> Result<ExitCode, CheckError> {
         Prober::new(options.user_agent.clone()).with_exec(ExecConfig {
             mode: options.exec_mode,
             api: None,
-            ..Default::default()
+            agent: AgentExec {
+                dir: DEFAULT_AGENT_DIR.into(),
+                containers: Vec::new(),
+            },
         }),
         config,
         tx,

@@ -4,13 +4,20 @@
 //!
 //! As the container's PID 1 it owes the container's own command what an init owes: the command
 //! keeps the container's stdio, environment and working directory (nothing is changed before
-//! it starts); the signals a runtime or a user sends are forwarded to it; every orphan is
-//! reaped ([`reaper`]); and the container's exit code is the command's (128 + the signal's
-//! number when a signal ended it, as a shell reports it). Serving probes is second to that:
-//! if the socket cannot be served, the command runs anyway and the reason is logged.
+//! it starts); the signals a runtime or a user sends reach it as they reached it when it was
+//! PID 1 itself; every orphan is reaped ([`reaper`]); and the container's exit code is the
+//! command's (128 + the signal's number when a signal ended it, as a shell reports it). Serving
+//! probes is second to that: if the socket cannot be served, the command runs anyway and the
+//! reason is logged.
 //!
-//! Whoever can reach the socket can run commands as this container's user; the manager mounts
-//! its volume in this container and the sidecar only.
+//! "As when it was PID 1": the kernel delivers a signal to a namespace's PID 1 only if PID 1
+//! handles it, so a game server without a SIGTERM handler kept running until the kubelet's
+//! SIGKILL. As the agent's child it would die at once. So while the agent is PID 1 it forwards
+//! a signal only when the command catches it (`SigCgt` in `/proc/<pid>/status`); elsewhere (a
+//! pod sharing its process namespace, where `pause` is PID 1) it forwards every one.
+//!
+//! Whoever can reach the socket can run commands as this container's user; the manager gives
+//! each wrapped container a socket volume of its own, mounted there and in the sidecar only.
 
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
@@ -73,10 +80,13 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
     let pid = Pid::from_raw(child.id() as i32);
     // Never waited on: the reaper owns its status.
     drop(child);
+    let init = std::process::id() == 1;
     for (sig, mut stream) in streams {
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
-                let _ = kill(pid, sig);
+                if !init || catches(pid, sig) {
+                    let _ = kill(pid, sig);
+                }
             }
         });
     }
@@ -103,8 +113,20 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
     }
 }
 
+/// Whether `pid` has a handler for `sig` (`SigCgt` in its status); `true` when unknown, so a
+/// signal is never lost for want of a reading.
+fn catches(pid: Pid, sig: Signal) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let caught = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
+    caught.is_none_or(|mask| mask & (1 << (sig as i32 - 1)) != 0)
+}
+
 /// Binds `socket`, replacing what a previous instance of the container left, readable and
-/// writable by the sidecar whatever its user.
+/// writable by the sidecar whatever its user: bound under another name and renamed once its
+/// mode is set, so the sidecar never meets it half-made.
 fn bind(socket: &Path) -> io::Result<UnixListener> {
     match std::fs::symlink_metadata(socket) {
         Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(socket)?,
@@ -117,8 +139,11 @@ fn bind(socket: &Path) -> io::Result<UnixListener> {
         Err(e) if e.kind() == ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let listener = UnixListener::bind(socket)?;
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))?;
+    let partial = socket.with_extension("partial");
+    let _ = std::fs::remove_file(&partial);
+    let listener = UnixListener::bind(&partial)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o666))?;
+    std::fs::rename(&partial, socket)?;
     Ok(listener)
 }
 

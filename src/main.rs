@@ -59,7 +59,7 @@ enum Command {
     },
 
     /// Run as the exec agent of an app container: the manager's injection makes this the
-    /// container's command, `podprobe agent --socket DIR/NAME.sock -- <the container's command>`.
+    /// container's command, `podprobe agent --socket PATH -- <the container's command>`.
     ///
     /// Starts COMMAND as its child with the container's own stdio, environment and working
     /// directory; forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH to
@@ -125,7 +125,7 @@ struct CheckArgs {
 
     /// Where exec probes run: `local` (this machine), `procfs` (chrooted into another
     /// process' root; see `podprobe run --help`) or `auto` (procfs, else local). `api` needs
-    /// a pod and is unavailable here.
+    /// a pod and is unavailable here; `agent` asks /podprobe-agent/<container>/agent.sock.
     #[arg(long, value_enum, default_value_t = Exec::Local)]
     exec_mode: Exec,
 }
@@ -264,11 +264,12 @@ struct RunArgs {
     #[arg(long, env = "PODPROBE_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
 
-    /// Where exec probes run. `procfs`: chrooted into the target container's main process
-    /// (needs `shareProcessNamespace: true` and CAP_SYS_CHROOT; CAP_SYS_PTRACE, or the
+    /// Where exec probes run. `agent`: through podprobe's exec agent, the target container's
+    /// main process (`--exec-agents`). `procfs`: chrooted into the target container's main
+    /// process (needs `shareProcessNamespace: true` and CAP_SYS_CHROOT; CAP_SYS_PTRACE, or the
     /// target's uid and every capability the target holds). `api`: pods/exec through the
-    /// apiserver (RBAC `create pods/exec`).
-    /// `local`: in the sidecar's container. `auto`: procfs, else api, else local, per target
+    /// apiserver (RBAC `create pods/exec`). `local`: in the sidecar's container. `auto`: agent
+    /// for the containers that have one, else procfs, else api, else local, per target
     /// container; the choice and the reason are logged.
     #[arg(long, value_enum, default_value_t = Exec::Auto, env = "PODPROBE_EXEC_MODE")]
     exec_mode: Exec,
@@ -279,8 +280,8 @@ struct RunArgs {
     #[arg(long, env = "PODPROBE_EXEC_AGENTS", value_delimiter = ',')]
     exec_agents: Vec<String>,
 
-    /// Where the exec agents' sockets are (`<container>.sock`): the volume the sidecar shares
-    /// with the containers that run an agent.
+    /// Where the exec agents' sockets are (`<container>/agent.sock`): each a volume the
+    /// sidecar shares with the container whose agent serves it.
     #[arg(long, env = "PODPROBE_EXEC_AGENT_DIR", default_value = podprobe::probe::exec::agent::DEFAULT_AGENT_DIR)]
     exec_agent_dir: PathBuf,
 

@@ -54,11 +54,12 @@ impl Agent {
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path().join("work");
         std::fs::create_dir(&work).unwrap();
+        let socket = socket_path(dir.path(), CONTAINER);
+        std::fs::create_dir(socket.parent().unwrap()).unwrap();
         // Writable by every user, as an emptyDir is.
-        for path in [dir.path(), &work] {
+        for path in [dir.path(), &work, socket.parent().unwrap()] {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
         }
-        let socket = socket_path(dir.path(), CONTAINER);
         // As the injected init container does: the agent runs from the shared volume (where
         // the container's user can execute it).
         let binary = dir.path().join("podprobe");
@@ -92,7 +93,7 @@ impl Agent {
         agent
     }
 
-    /// Waits until the socket is there, or the agent exited (then panics with its status).
+    /// Waits until the socket is there.
     async fn until_serving(&mut self, socket: &Path) {
         let deadline = tokio::time::Instant::now() + 10 * SEC;
         while !socket.exists() {
@@ -333,27 +334,52 @@ async fn the_exit_code_is_the_commands() {
     }
 }
 
-#[tokio::test]
-async fn orphans_in_the_container_are_reaped() {
-    // The command leaves orphans, and so does a probe.
-    let script = "(sleep 0.3 & echo $! > ../orphan); exec sleep 3600";
-    let agent = Agent::start(&["sh", "-c", script]).await;
-    let orphan = agent.volume().join("orphan");
+/// The parent of `pid`, from `/proc/<pid>/stat` (after the last `)`: `comm` may hold any).
+fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Waits until the pid written to `file` (atomically) is the agent's child, then until it is
+/// reaped.
+async fn adopted_then_reaped(agent: &Agent, file: &Path) {
     let deadline = tokio::time::Instant::now() + 10 * SEC;
-    while !orphan.exists() {
+    while !file.exists() {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no orphan after 10 s"
+            "no pid file after 10 s"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let probe_orphan = agent.volume().join("probe-orphan");
-    let script = format!("sleep 0.3 & echo $! > {}", probe_orphan.display());
+    let orphan = read_pid(file);
+    // This process is a subreaper too: the orphan must land on the agent, the nearer one.
+    while parent(orphan) != Some(agent.pid.as_raw()) {
+        let now = parent(orphan);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "orphan {orphan}'s parent is {now:?}, not the agent {}",
+            agent.pid
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    until_reaped(orphan).await;
+}
+
+#[tokio::test]
+async fn orphans_in_the_container_are_adopted_and_reaped_by_the_agent() {
+    // The command leaves an orphan, and so does a probe.
+    let script = "(sleep 1 & echo $! > ../orphan.tmp; mv ../orphan.tmp ../orphan); exec sleep 3600";
+    let agent = Agent::start(&["sh", "-c", script]).await;
+    adopted_then_reaped(&agent, &agent.volume().join("orphan")).await;
+    let file = agent.volume().join("probe-orphan");
+    let script = format!(
+        "sleep 1 & echo $! > {0}.tmp; mv {0}.tmp {0}",
+        file.display()
+    );
     let obs = agent.probe(sh(&script), 5 * SEC).await.unwrap();
     assert_eq!(obs.outcome, Outcome::Succeeded);
-    for file in [orphan, probe_orphan] {
-        until_reaped(read_pid(&file)).await;
-    }
+    adopted_then_reaped(&agent, &file).await;
     assert_eq!(
         zombies::zombie_children_of(agent.pid.as_raw()),
         Vec::<i32>::new()

@@ -53,8 +53,9 @@ pub struct InjectionConfig {
     #[serde(default)]
     pub readiness_gates: Vec<String>,
     /// Run exec probes through podprobe's exec agent inside the probed container, where the
-    /// pod allows it (`auto`, see [`crate::inject::agent`]), or never (`disabled`: they go
-    /// through pods/exec, or procfs with `shareProcessNamespace`).
+    /// pod allows it (`auto`: on kubelet nodes; `always`: on virtual nodes too; see
+    /// [`crate::inject::agent`]), or never (`disabled`: they go through pods/exec, or procfs
+    /// with `shareProcessNamespace`).
     #[serde(default)]
     pub exec_agent: ExecAgentChoice,
     /// Set `shareProcessNamespace: true`, which the sidecar's `procfs` exec mode needs.
@@ -81,9 +82,12 @@ pub struct InjectionConfig {
 #[serde(rename_all = "camelCase")]
 pub enum ExecAgentChoice {
     /// Wrap the command of each container that exec probes target, when it has one in the
-    /// pod spec.
+    /// pod spec, in pods for kubelet nodes.
     #[default]
     Auto,
+    /// As `auto`, and in pods that may run on a virtual node too (the provider must run init
+    /// containers and share `emptyDir` volumes between containers).
+    Always,
     /// Wrap nothing.
     Disabled,
 }

@@ -233,14 +233,11 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         sidecar
             .volume_mounts
             .get_or_insert_default()
-            .push(parts.sidecar_mount);
-        append(
-            &mut ops,
-            "/spec/volumes",
-            volumes_exist,
-            json(&parts.volume),
-        );
-        volumes_exist = true;
+            .extend(parts.sidecar_mounts);
+        for volume in &parts.volumes {
+            append(&mut ops, "/spec/volumes", volumes_exist, json(volume));
+            volumes_exist = true;
+        }
         // Before a native sidecar: init containers start in order.
         append(
             &mut ops,
@@ -621,22 +618,32 @@ mod tests {
                 agent::AGENT_BINARY,
                 "agent",
                 "--socket",
-                "/podprobe-agent/main.sock",
+                "/podprobe-agent-socket/agent.sock",
                 "--",
                 "/server",
                 "--port"
             ]
         );
         assert_eq!(main.args.as_deref().unwrap(), ["7777"]);
-        let rw = |c: &Container| {
-            let m = c
-                .volume_mounts
-                .iter()
-                .flatten()
-                .find(|m| m.name == agent::AGENT_VOLUME);
-            m.map(|m| (m.mount_path.clone(), m.read_only.unwrap_or(false)))
+        // Each agent mount of a container: (volume, path, read-only).
+        let mounted = |c: &Container| -> Vec<(String, String, bool)> {
+            let mounts = c.volume_mounts.iter().flatten();
+            let mounts = mounts.filter(|m| m.name.starts_with(agent::AGENT_VOLUME));
+            let seen = |m: &VolumeMount| {
+                let read_only = m.read_only.unwrap_or(false);
+                (m.name.clone(), m.mount_path.clone(), read_only)
+            };
+            mounts.map(seen).collect()
         };
-        assert_eq!(rw(main), Some((agent::AGENT_DIR.into(), false)));
+        let binary = || (agent::AGENT_VOLUME.to_owned(), agent::AGENT_DIR.to_owned());
+        let socket = "podprobe-agent-socket-0".to_owned();
+        assert_eq!(
+            mounted(main),
+            [
+                (binary().0, binary().1, true),
+                (socket.clone(), agent::SOCKET_DIR.into(), false)
+            ]
+        );
         let inits = spec.init_containers.unwrap();
         let names: Vec<_> = inits.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, [agent::INSTALL_CONTAINER, "podprobe"]);
@@ -651,17 +658,18 @@ mod tests {
         );
         assert_eq!(install.security_context, Some(config().security_context));
         assert_eq!(install.restart_policy, None);
-        assert_eq!(rw(install), Some((agent::AGENT_DIR.into(), false)));
+        assert_eq!(mounted(install), [(binary().0, binary().1, false)]);
         assert!(install.resources.is_some());
+        // The sidecar reaches the socket alone, not the binary.
         let sidecar = &inits[1];
-        assert_eq!(rw(sidecar), Some((agent::AGENT_DIR.into(), true)));
+        let in_sidecar = (socket.clone(), "/podprobe-agent/main".to_owned(), true);
+        assert_eq!(mounted(sidecar), [in_sidecar]);
         assert!(env_of(sidecar).contains(&(agent::AGENTS_ENV, "main")));
         let volumes = spec.volumes.unwrap();
-        let volume = volumes
-            .iter()
-            .find(|v| v.name == agent::AGENT_VOLUME)
-            .unwrap();
-        assert!(volume.empty_dir.is_some());
+        for name in [agent::AGENT_VOLUME, &socket] {
+            let volume = volumes.iter().find(|v| v.name == name).unwrap();
+            assert!(volume.empty_dir.is_some());
+        }
     }
 
     #[test]
@@ -676,10 +684,16 @@ mod tests {
         disabled.exec_agent = crate::config::ExecAgentChoice::Disabled;
         let with = with_command(pod(ENABLED), Some(&["/server"]));
         let without = with_command(pod(ENABLED), None);
+        let mut taken = with.clone();
+        taken.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+            name: "podprobe-agent".into(),
+            ..Default::default()
+        }]);
         for (p, c, ctx) in [
             (&without, config(), ctx(&exec)),
             (&with, config(), ctx(&none)),
             (&with, disabled, ctx(&exec)),
+            (&taken, config(), ctx(&exec)),
         ] {
             let spec = applied(p, &inject_ops(p, &c, &ctx)).spec.unwrap();
             let main = &spec.containers[0];
@@ -688,7 +702,9 @@ mod tests {
             let sidecar = find(&spec.containers, "podprobe");
             assert!(!env_of(sidecar).iter().any(|(n, _)| *n == agent::AGENTS_ENV));
             let volumes = spec.volumes.iter().flatten();
-            assert!(volumes.map(|v| &v.name).all(|n| n != agent::AGENT_VOLUME));
+            let theirs = p.spec.as_ref().unwrap().volumes.iter().flatten().count();
+            let agents = volumes.filter(|v| v.name.starts_with(agent::AGENT_VOLUME));
+            assert_eq!(agents.count(), theirs);
         }
         let plan = agent::plan(without.spec.as_ref().unwrap(), &config(), &exec, false);
         assert!(
@@ -699,7 +715,7 @@ mod tests {
     }
 
     #[test]
-    fn on_a_virtual_node_the_install_container_has_no_resources() {
+    fn on_a_virtual_node_only_always_wraps_and_the_install_container_has_no_resources() {
         let exec = vec!["main".to_string()];
         let ctx = InjectContext {
             exec_probe_containers: &exec,
@@ -708,6 +724,11 @@ mod tests {
         let mut p = with_command(pod(ENABLED), Some(&["/server"]));
         p.spec.as_mut().unwrap().node_selector = Some(labels(&[("type", "virtual-kubelet")]));
         let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        assert_eq!(spec.containers[0].command.as_deref().unwrap(), ["/server"]);
+        assert!(spec.init_containers.is_none());
+        let mut always = config();
+        always.exec_agent = crate::config::ExecAgentChoice::Always;
+        let spec = applied(&p, &inject_ops(&p, &always, &ctx)).spec.unwrap();
         let install = find(
             spec.init_containers.as_deref().unwrap(),
             agent::INSTALL_CONTAINER,

@@ -266,7 +266,7 @@ async fn the_injected_pod_passes_pod_security_restricted_and_only_its_sidecar_ho
             "/podprobe-agent/podprobe",
             "agent",
             "--socket",
-            "/podprobe-agent/main.sock",
+            "/podprobe-agent-socket/agent.sock",
             "--",
             "/game"
         ]

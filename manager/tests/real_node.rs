@@ -333,7 +333,7 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
     assert!(log.contains("exec_mode=agent"), "{log}");
     let game_log = logs(&pods, "game-agent", "game").await;
     assert!(
-        game_log.contains("serving exec probes on /podprobe-agent/game.sock"),
+        game_log.contains("serving exec probes on /podprobe-agent-socket/agent.sock"),
         "{game_log}"
     );
 
@@ -351,7 +351,14 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
         condition_status(p, IDLE).as_deref() == Some("False")
     })
     .await;
-    assert_eq!(pods_exec_requests(cp).await - before, 0);
+    let after = pods_exec_requests(cp).await;
+    assert_eq!(after.saturating_sub(before), 0, "pods/exec requests");
+    // The control: the count does count a pods/exec.
+    exec(&pods, "game-agent", "game", "true").await;
+    assert!(
+        pods_exec_requests(cp).await > after,
+        "pods/exec went uncounted"
+    );
 
     // The runtime stops the container as the kubelet does, SIGTERM to its main process: the
     // agent forwards it, the game server exits, and the container's exit is the game

@@ -4,32 +4,45 @@
 //! namespace, cgroup, user, environment and working directory).
 //!
 //! What it changes in the pod:
-//! - an `emptyDir` volume, [`AGENT_VOLUME`], mounted at [`AGENT_DIR`] in the wrapped containers
-//!   (read-write: the agent binds its socket there) and in the sidecar (read-only);
-//! - an init container, [`INSTALL_CONTAINER`], that copies the static `podprobe` binary from the
-//!   sidecar's image onto the volume (`podprobe install-agent`) and exits;
+//! - an `emptyDir` [`AGENT_VOLUME`] holding the static `podprobe` binary, which the init
+//!   container [`INSTALL_CONTAINER`] copies there from the sidecar's image (`podprobe
+//!   install-agent`) and is the only one to write: the wrapped containers mount it read-only at
+//!   [`AGENT_DIR`];
+//! - per wrapped container, an `emptyDir` `podprobe-agent-socket-<index>` for its agent's
+//!   socket, mounted read-write in that container at [`SOCKET_DIR`] and read-only in the
+//!   sidecar at `/podprobe-agent/<container>`: no container reaches another one's agent, and
+//!   none can change the binary another runs;
 //! - each wrapped container's `command` becomes
-//!   `[/podprobe-agent/podprobe, agent, --socket, /podprobe-agent/<name>.sock, --, <command>...]`;
-//!   its `args` are appended after it by the runtime, as before;
+//!   `[/podprobe-agent/podprobe, agent, --socket, /podprobe-agent-socket/agent.sock, --,
+//!   <command>...]`; its `args` are appended after it by the runtime, as before;
 //! - the sidecar gets `PODPROBE_EXEC_AGENTS=<names>`.
 //!
 //! A container without a `command` in the pod spec runs its image's entrypoint, which admission
 //! cannot see without reading the image's config from its registry: it is not wrapped, and its
 //! exec probes keep the sidecar's other modes (`render` and `kubectl podprobe explain` say so).
 //!
-//! The init container has the sidecar's security context (Pod Security "restricted") and, on
-//! a virtual node, no resources: azure-aci refuses init containers with resources.
+//! On a virtual node the pod starts only if its provider runs init containers and shares
+//! `emptyDir` volumes between containers: azure-aci's code does (its init containers must have
+//! no resources, ports or probes, so this one has none there), other providers are not known
+//! to. So `execAgent: auto` wraps on kubelet nodes only and `always` on virtual nodes too.
+//!
+//! The init container has the sidecar's security context (Pod Security "restricted").
 
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, PodSpec, Volume, VolumeMount,
 };
 use serde_json::Value;
 
-use crate::config::{ExecAgentChoice, InjectionConfig};
+use crate::config::{DEFAULT_COMMAND, ExecAgentChoice, InjectionConfig};
 use crate::patch::PatchOp;
 
+/// The volume of the agent's binary.
 pub const AGENT_VOLUME: &str = "podprobe-agent";
+/// Where wrapped containers (read-only) and the install container see the binary, and where
+/// the sidecar sees the wrapped containers' socket directories.
 pub const AGENT_DIR: &str = "/podprobe-agent";
+/// Where a wrapped container sees its own socket directory.
+pub const SOCKET_DIR: &str = "/podprobe-agent-socket";
 pub const INSTALL_CONTAINER: &str = "podprobe-agent-install";
 /// The agent binary on the volume.
 pub const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
@@ -64,7 +77,7 @@ impl Decision {
 pub struct AgentPlan {
     /// Patch ops on the pod's containers (commands and mounts).
     pub ops: Vec<PatchOp>,
-    /// The init container, the volume, the sidecar's mount and env; `None` when nothing is
+    /// The init container, the volumes, the sidecar's mounts and env; `None` when nothing is
     /// wrapped.
     pub parts: Option<AgentParts>,
     pub decisions: Vec<Decision>,
@@ -73,13 +86,13 @@ pub struct AgentPlan {
 #[derive(Debug)]
 pub struct AgentParts {
     pub install: Container,
-    pub volume: Volume,
-    pub sidecar_mount: VolumeMount,
+    pub volumes: Vec<Volume>,
+    pub sidecar_mounts: Vec<VolumeMount>,
     pub sidecar_env: EnvVar,
 }
 
 /// The agent's plan for `spec`, whose exec probes target `exec_containers`. `virtual_node`:
-/// the pod may run on a virtual node (no resources on the init container).
+/// the pod may run on a virtual node.
 pub fn plan(
     spec: &PodSpec,
     config: &InjectionConfig,
@@ -91,6 +104,7 @@ pub fn plan(
     targets.sort_unstable();
     targets.dedup();
     let mut wrapped = Vec::new();
+    let taken = taken_volume(spec);
     for name in targets {
         let Some((index, container)) = spec
             .containers
@@ -100,24 +114,36 @@ pub fn plan(
         else {
             continue;
         };
-        let left = |why: &str| Decision::Left {
+        let left = |why: String| Decision::Left {
             container: name.to_owned(),
-            why: why.to_owned(),
+            why,
         };
         let command = container.command.as_deref().unwrap_or_default();
-        let decision = if config.exec_agent == ExecAgentChoice::Disabled {
-            left("execAgent is disabled in the injection config")
-        } else if command.is_empty() {
-            left(
-                "the container has no command in the pod spec, so it runs its image's entrypoint, which admission cannot see; give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent",
-            )
-        } else if command.first().map(String::as_str) == Some(AGENT_BINARY) {
-            continue;
-        } else {
-            wrap(&mut plan.ops, index, name, command, container);
-            wrapped.push(name.to_owned());
-            Decision::Wrapped {
-                container: name.to_owned(),
+        let decision = match (config.exec_agent, virtual_node) {
+            _ if command.first().map(String::as_str) == Some(AGENT_BINARY) => continue,
+            (ExecAgentChoice::Disabled, _) => {
+                left("execAgent is disabled in the injection config".into())
+            }
+            (ExecAgentChoice::Auto, true) => left(
+                "the pod may run on a virtual node, whose provider may not run the agent's init container or share its volume (execAgent: always wraps there too)".into(),
+            ),
+            _ if command.is_empty() => left(
+                "the container has no command in the pod spec, so it runs its image's entrypoint, which admission cannot see; give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
+            ),
+            _ if let Some(volume) = &taken => {
+                left(format!("the pod already has a volume named {volume:?}"))
+            }
+            _ if mounts_at(container, AGENT_DIR) || mounts_at(container, SOCKET_DIR) => {
+                left(format!(
+                    "the container already mounts something at {AGENT_DIR} or {SOCKET_DIR}"
+                ))
+            }
+            _ => {
+                wrap(&mut plan.ops, index, command, container);
+                wrapped.push((index, name.to_owned()));
+                Decision::Wrapped {
+                    container: name.to_owned(),
+                }
             }
         };
         plan.decisions.push(decision);
@@ -128,18 +154,38 @@ pub fn plan(
     plan
 }
 
-fn mount(read_only: bool) -> VolumeMount {
+/// The name of a volume of `spec` that the agent's volumes would clash with.
+fn taken_volume(spec: &PodSpec) -> Option<String> {
+    let volumes = spec.volumes.iter().flatten();
+    volumes
+        .map(|v| &v.name)
+        .find(|n| n.starts_with(AGENT_VOLUME))
+        .cloned()
+}
+
+fn mounts_at(container: &Container, path: &str) -> bool {
+    let mounts = container.volume_mounts.iter().flatten();
+    mounts
+        .map(|m| m.mount_path.trim_end_matches('/'))
+        .any(|p| p == path)
+}
+
+fn socket_volume(index: usize) -> String {
+    format!("{AGENT_VOLUME}-socket-{index}")
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     VolumeMount {
-        name: AGENT_VOLUME.into(),
-        mount_path: AGENT_DIR.into(),
+        name: name.into(),
+        mount_path: path.into(),
         read_only: read_only.then_some(true),
         ..Default::default()
     }
 }
 
-/// The ops wrapping container `index` (`name`) whose command is `command`.
-fn wrap(ops: &mut Vec<PatchOp>, index: usize, name: &str, command: &[String], c: &Container) {
-    let socket = format!("{AGENT_DIR}/{name}.sock");
+/// The ops wrapping container `index` whose command is `command`.
+fn wrap(ops: &mut Vec<PatchOp>, index: usize, command: &[String], c: &Container) {
+    let socket = format!("{SOCKET_DIR}/agent.sock");
     let mut wrapped: Vec<String> = [AGENT_BINARY, "agent", "--socket", &socket, "--"]
         .map(String::from)
         .to_vec();
@@ -149,22 +195,34 @@ fn wrap(ops: &mut Vec<PatchOp>, index: usize, name: &str, command: &[String], c:
         path: format!("{base}/command"),
         value: serde_json::to_value(wrapped).unwrap_or(Value::Null),
     });
-    let mount = serde_json::to_value(mount(false)).unwrap_or(Value::Null);
-    ops.push(if c.volume_mounts.is_some() {
-        PatchOp::Add {
-            path: format!("{base}/volumeMounts/-"),
-            value: mount,
+    let mounts = [
+        mount(AGENT_VOLUME, AGENT_DIR, true),
+        mount(&socket_volume(index), SOCKET_DIR, false),
+    ]
+    .map(|m| serde_json::to_value(m).unwrap_or(Value::Null));
+    if c.volume_mounts.is_some() {
+        for m in mounts {
+            ops.push(PatchOp::Add {
+                path: format!("{base}/volumeMounts/-"),
+                value: m,
+            });
         }
     } else {
-        PatchOp::Add {
+        ops.push(PatchOp::Add {
             path: format!("{base}/volumeMounts"),
-            value: Value::Array(vec![mount]),
-        }
-    });
+            value: Value::Array(mounts.to_vec()),
+        });
+    }
 }
 
-fn parts(config: &InjectionConfig, wrapped: &[String], virtual_node: bool) -> AgentParts {
-    let mut command = config.command.clone();
+fn parts(config: &InjectionConfig, wrapped: &[(usize, String)], virtual_node: bool) -> AgentParts {
+    // The sidecar binary; an empty `command` leaves the image's entrypoint to the sidecar,
+    // which is that binary too.
+    let mut command = if config.command.is_empty() {
+        vec![DEFAULT_COMMAND.to_owned()]
+    } else {
+        config.command.clone()
+    };
     command.extend(["install-agent".to_owned(), AGENT_BINARY.to_owned()]);
     let install = Container {
         name: INSTALL_CONTAINER.into(),
@@ -174,20 +232,28 @@ fn parts(config: &InjectionConfig, wrapped: &[String], virtual_node: bool) -> Ag
         // The copy takes a few milliseconds: the sidecar's share is plenty.
         resources: (!virtual_node).then(|| config.resources.clone()),
         security_context: Some(config.security_context.clone()),
-        volume_mounts: Some(vec![mount(false)]),
+        volume_mounts: Some(vec![mount(AGENT_VOLUME, AGENT_DIR, false)]),
         ..Default::default()
     };
+    let empty_dir = |name: String| Volume {
+        name,
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    let mut volumes = vec![empty_dir(AGENT_VOLUME.into())];
+    volumes.extend(wrapped.iter().map(|(i, _)| empty_dir(socket_volume(*i))));
+    let sidecar_mounts = wrapped
+        .iter()
+        .map(|(i, name)| mount(&socket_volume(*i), &format!("{AGENT_DIR}/{name}"), true))
+        .collect();
+    let names: Vec<&str> = wrapped.iter().map(|(_, n)| n.as_str()).collect();
     AgentParts {
         install,
-        volume: Volume {
-            name: AGENT_VOLUME.into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        },
-        sidecar_mount: mount(true),
+        volumes,
+        sidecar_mounts,
         sidecar_env: EnvVar {
             name: AGENTS_ENV.into(),
-            value: Some(wrapped.join(",")),
+            value: Some(names.join(",")),
             value_from: None,
         },
     }

@@ -9,7 +9,9 @@
 //! success, stderr on failure, process-group kill on timeout) is the same code.
 //!
 //! The wire: one connection per attempt; the sidecar writes one JSON [`Request`] line, the
-//! agent answers one JSON [`Response`] line and closes. Sockets are `<dir>/<container>.sock`.
+//! agent answers one JSON [`Response`] line and closes. Sockets are
+//! `<dir>/<container>/agent.sock`: in the pod, each container's socket directory is a volume of
+//! its own, which the sidecar mounts at `<dir>/<container>`.
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,7 @@ use tokio::net::UnixStream;
 
 use crate::probe::{AttemptError, ExecAction, Observation, Outcome};
 
-/// Where the manager mounts the shared volume, in the sidecar and in wrapped containers.
+/// Where the manager mounts the wrapped containers' socket directories in the sidecar.
 pub const DEFAULT_AGENT_DIR: &str = "/podprobe-agent";
 
 /// Longest request or response line read (a response holds at most two capped messages,
@@ -161,5 +163,5 @@ impl AgentExec {
 
 /// The socket of `container`'s agent in `dir`.
 pub fn socket_path(dir: &Path, container: &str) -> PathBuf {
-    dir.join(format!("{container}.sock"))
+    dir.join(container).join("agent.sock")
 }
