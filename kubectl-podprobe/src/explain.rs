@@ -31,6 +31,7 @@ pub fn chain(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
         sidecar_link(facts, settings),
         node_link(facts, settings),
     ];
+    links.extend(exec_links(facts));
     links.extend(probe_links(facts, &expected));
     links.extend(overwrites_link(facts, settings));
     links
@@ -219,6 +220,46 @@ fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
             ),
         ),
     }
+}
+
+/// The command podprobe's injection runs a wrapped container's command with.
+const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
+
+/// Per container that exec probes target: where their command runs, and what it costs. Never
+/// a broken link: every path runs the probes.
+fn exec_links(facts: &PodFacts) -> Vec<Link> {
+    let pod = &facts.pod;
+    let mut targets: Vec<String> = inspect::annotation(pod, PODPROBE_ANNOTATION)
+        .map(inspect::listed_probes)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.exec)
+        .map(|p| p.container)
+        .collect();
+    targets.sort();
+    targets.dedup();
+    let Some(spec) = pod.spec.as_ref() else {
+        return vec![];
+    };
+    targets
+        .into_iter()
+        .filter_map(|name| {
+            let container = spec.containers.iter().find(|c| c.name == name)?;
+            let command = container.command.as_deref().unwrap_or_default();
+            let finding = if command.first().map(String::as_str) == Some(AGENT_BINARY)
+                && command.get(1).map(String::as_str) == Some("agent")
+            {
+                format!("exec probes on container {name} run inside it through podprobe's exec agent, its main process (no apiserver request per attempt)")
+            } else if spec.share_process_namespace == Some(true) {
+                format!("exec probes on container {name} run from the sidecar in the container's root (procfs) when the sidecar may (root, the runtime's capabilities), else through pods/exec (an apiserver request and a kubelet exec per attempt)")
+            } else if command.is_empty() {
+                format!("exec probes on container {name} go through pods/exec (an apiserver request and a kubelet exec per attempt): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod")
+            } else {
+                format!("exec probes on container {name} go through pods/exec (an apiserver request and a kubelet exec per attempt): the pod was not injected with the exec agent (execAgent disabled, or created before podprobe-manager); recreate it to get the agent")
+            };
+            Some(link("exec", true, finding))
+        })
+        .collect()
 }
 
 /// Per probe of the annotation: its condition, its policy for that state, its markers.
@@ -477,6 +518,38 @@ mod tests {
             "{f}"
         );
         assert!(f.contains("--overwrite-repair=immediate"), "{f}");
+    }
+
+    #[test]
+    fn exec_says_where_each_containers_probes_run() {
+        let probes = r#"[{"name":"idle","containerName":"agent","podConditionType":"a/idle","probe":{"exec":{"command":["/idle.sh"]}}},
+            {"name":"up","containerName":"plain","podConditionType":"a/up","probe":{"exec":{"command":["true"]}}},
+            {"name":"tcp","containerName":"tcp","podConditionType":"a/tcp","probe":{"tcpSocket":{"port":1}}}]"#;
+        let mut f = facts(Vec::new());
+        f.pod.metadata.annotations =
+            Some([(PODPROBE_ANNOTATION.to_owned(), probes.to_owned())].into());
+        f.pod.spec = Some(
+            serde_json::from_value(json!({"containers": [
+                {"name": "agent", "command": [AGENT_BINARY, "agent", "--socket", "/podprobe-agent/agent.sock", "--", "/srv"]},
+                {"name": "plain"}, {"name": "tcp"}]}))
+            .unwrap(),
+        );
+        let links = exec_links(&f);
+        assert_eq!(links.len(), 2, "{links:?}");
+        assert!(links.iter().all(|l| l.ok && l.name == "exec"));
+        assert!(
+            links[0]
+                .finding
+                .contains("container agent run inside it through podprobe's exec agent"),
+            "{links:?}"
+        );
+        assert!(
+            links[1]
+                .finding
+                .contains("container plain go through pods/exec")
+                && links[1].finding.contains("gives no command"),
+            "{links:?}"
+        );
     }
 
     #[test]

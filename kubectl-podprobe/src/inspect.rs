@@ -30,6 +30,8 @@ pub struct ListedProbe {
     pub name: String,
     pub container: String,
     pub condition_type: String,
+    /// An exec probe (its command runs in the container).
+    pub exec: bool,
 }
 
 /// The probes of a `kruise.io/podprobe` value, leniently (an entry without a condition type
@@ -43,6 +45,7 @@ pub fn listed_probes(value: &str) -> Vec<ListedProbe> {
             name: text(e, "name"),
             container: text(e, "containerName"),
             condition_type: text(e, "podConditionType"),
+            exec: e.pointer("/probe/exec").is_some_and(|x| !x.is_null()),
         })
         .collect()
 }

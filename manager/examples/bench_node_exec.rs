@@ -3,16 +3,21 @@
 //! idle-deletion-cost.yaml`) on PODS game servers, each with its injected sidecar, through the
 //! real apiserver, kubelet, containerd and runc.
 //!
-//! Paths (`--path`, repeatable; default both, each on a node and control plane of its own):
+//! Paths (`--path`, repeatable; default all three, each on a node and control plane of its own):
+//! - `agent`: the chart's defaults, and game containers that give their command (as the idle
+//!   recipe's does): injection wraps it with podprobe's exec agent, which runs the probe in
+//!   the game container. The default install's path for such pods, marked `"default": true`.
 //! - `api`: the chart's defaults (no shared process namespace, a non-root sidecar without
-//!   capabilities), so the sidecar runs the command through `pods/exec`. The default install's
-//!   path, marked `"default": true`.
+//!   capabilities), and game containers without a command (their image's entrypoint), so the
+//!   sidecar runs the command through `pods/exec`. The default install's path for such pods,
+//!   also marked `"default": true`.
 //! - `procfs`: `injection.config.shareProcessNamespace=true` and a root sidecar that keeps the
 //!   runtime's default capabilities (docs/sidecar.md): the sidecar runs the command itself,
 //!   chrooted into the game container.
 //!
-//! Each path measures two windows of SECONDS: PODS game servers with their sidecars and no
-//! probe (the baseline), then PODS others with the probe. Per attempt, above the baseline: the
+//! Each path measures two windows of SECONDS: PODS game servers injected as the probed ones
+//! are (the same probe, so the same sidecar, agent and pod shape) whose probe never runs in the
+//! window (its initial delay is an hour: the baseline), then PODS others with the probe. Per attempt, above the baseline: the
 //! CPU of the sidecars' and the game containers' cgroups, of the control plane's processes
 //! (kube-apiserver, etcd) and of the node's (kubelet, containerd, the shims with the runc and
 //! the commands they reap: in `api` the game container's figure is the command, already in its
@@ -26,7 +31,7 @@
 //! on an otherwise quiet machine:
 //!
 //! `cargo run --release -p podprobe-manager --example bench_node_exec -- --pods N [--seconds S]
-//! [--path api|procfs]...`
+//! [--path agent|api|procfs]...`
 
 #[path = "../tests/cluster/mod.rs"]
 mod cluster;
@@ -77,7 +82,9 @@ struct Args {
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum ExecPath {
-    /// The chart's defaults: `pods/exec` through the apiserver.
+    /// The chart's defaults, game containers that give their command: the exec agent.
+    Agent,
+    /// The chart's defaults, game containers without a command: `pods/exec`.
     Api,
     /// A shared process namespace and a root sidecar: the command runs from the sidecar.
     Procfs,
@@ -86,6 +93,7 @@ enum ExecPath {
 impl ExecPath {
     fn name(self) -> &'static str {
         match self {
+            ExecPath::Agent => "agent",
             ExecPath::Api => "api",
             ExecPath::Procfs => "procfs",
         }
@@ -125,13 +133,15 @@ struct Bench<'a> {
     /// What selects the node's processes (kubelet, containerd, shims) and the control plane's.
     node_marker: [String; 1],
     control_plane_marker: [String; 1],
+    /// The game containers' command, if they give one (the game server image's entrypoint).
+    command: Option<&'static str>,
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let mut args = Args::parse();
     if args.paths.is_empty() {
-        args.paths = vec![ExecPath::Api, ExecPath::Procfs];
+        args.paths = vec![ExecPath::Agent, ExecPath::Api, ExecPath::Procfs];
     }
     let mut lines = Vec::new();
     for path in &args.paths {
@@ -159,9 +169,11 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
             .await;
     let cp = &running.cp;
     let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
-    ppms.create(&PostParams::default(), &idle_ppm())
-        .await
-        .unwrap();
+    for (app, initial_delay) in [("game", 0), ("quiet", 3600)] {
+        ppms.create(&PostParams::default(), &idle_ppm(app, initial_delay))
+            .await
+            .unwrap();
+    }
     let [node_marker, control_plane_marker] = cluster_markers(&node, cp);
     let bench = Bench {
         cp,
@@ -169,9 +181,10 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
         pods: Api::namespaced(cp.client(), NS),
         node_marker: [node_marker],
         control_plane_marker: [control_plane_marker],
+        command: (path == ExecPath::Agent).then_some("/usr/local/bin/gameserver"),
     };
     let n = args.pods;
-    eprintln!("{}: {n} game servers without a probe", path.name());
+    eprintln!("{}: {n} game servers whose probe waits", path.name());
     let quiet = bench.start_pods("quiet", n, false).await;
     let idle = bench.measure(&quiet, args.seconds).await;
     bench.delete_pods("quiet").await;
@@ -184,15 +197,16 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
     report(path, n, &idle, &busy)
 }
 
-/// The probe of the idle recipe, on the game servers labelled `app: game`.
-fn idle_ppm() -> podprobe_manager::crd::PodProbeMarker {
+/// The probe of the idle recipe, on the game servers labelled `app: <app>`, first run
+/// `initial_delay` seconds after the container started.
+fn idle_ppm(app: &str, initial_delay: u64) -> podprobe_manager::crd::PodProbeMarker {
     support::ppm(&json!({
         "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
-        "metadata": {"name": "game-server-idle", "namespace": NS},
-        "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": [{
+        "metadata": {"name": format!("{app}-idle"), "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": app}}, "probes": [{
             "name": "idle", "containerName": "game", "podConditionType": CONDITION,
             "probe": {"exec": {"command": ["/idle.sh"]}, "periodSeconds": PERIOD_SECONDS,
-                      "failureThreshold": 1}
+                      "initialDelaySeconds": initial_delay, "failureThreshold": 1}
         }]}
     }))
 }
@@ -209,14 +223,30 @@ impl Bench<'_> {
     /// and, when `probed`, shows the probe's condition.
     async fn start_pods(&self, app: &str, n: usize, probed: bool) -> Vec<Started> {
         let node = self.node.name();
+        let pod = |i: usize| {
+            let mut pod = on_node::game_pod(&format!("{app}-{i}"), node);
+            pod.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+            if let Some(command) = self.command {
+                pod.spec.as_mut().unwrap().containers[0].command = Some(vec![command.into()]);
+            }
+            pod
+        };
+        // Once the webhook's cache has the pods' PodProbeMarker: every pod gets its probe.
+        self.cp
+            .wait_admission(&pod(0), |p| {
+                support::annotation(p, support::PODPROBE).is_some()
+            })
+            .await
+            .unwrap();
         futures::stream::iter(0..n)
-            .for_each_concurrent(CONCURRENCY, |i| async move {
-                let mut pod = on_node::game_pod(&format!("{app}-{i}"), node);
-                pod.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
-                self.pods
-                    .create(&PostParams::default(), &pod)
-                    .await
-                    .unwrap();
+            .for_each_concurrent(CONCURRENCY, |i| {
+                let pod = pod(i);
+                async move {
+                    self.pods
+                        .create(&PostParams::default(), &pod)
+                        .await
+                        .unwrap();
+                }
             })
             .await;
         let started = Instant::now();
@@ -365,7 +395,8 @@ fn report(path: ExecPath, pods: usize, idle: &Window, busy: &Window) -> serde_js
     let node = above(busy.node, idle.node);
     // In `api` the command runs in the game container and its shim reaps it, so the node's
     // figure holds it already (runc's start of it included); elsewhere it is the sidecar's
-    // child (procfs) or not run by the node at all.
+    // child (procfs) or the agent's (agent, in the game container's cgroup), not run by the
+    // node at all.
     let games_not_in_node = if path == ExecPath::Api { 0.0 } else { games };
     // The control plane's own requests (leases, the manager's and the kubelet's) per second
     // of the baseline, over the probed window's length.
@@ -389,7 +420,8 @@ fn report(path: ExecPath, pods: usize, idle: &Window, busy: &Window) -> serde_js
     );
     json!({
         "path": path.name(),
-        "default": path == ExecPath::Api,
+        "default": path != ExecPath::Procfs,
+        "game_container_gives_command": path == ExecPath::Agent,
         "pods": pods,
         "date": jiff::Timestamp::now().strftime("%Y-%m-%d").to_string(),
         "seconds": (busy.seconds * 10.0).round() / 10.0,

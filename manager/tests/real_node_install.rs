@@ -1,10 +1,11 @@
 //! The install a new user does, as the README writes it, on a fresh cluster with a real node:
 //! the README's install block runs verbatim (kubectl and helm built here, the chart's default
 //! values, the chart's default image names served by the images built from this repository),
-//! then the recipes run with nothing changed but their placeholder images. The idle recipe's
-//! exec probe runs the game server's `/idle.sh` as installed (no shared process namespace, a
-//! non-root sidecar without capabilities: `pods/exec`), and the sidecar's token may exec into
-//! its own pod only.
+//! then the recipes run with nothing changed but their placeholder images (and the idle
+//! recipe's placeholder command, the image's entrypoint). The idle recipe's exec probe runs the
+//! game server's `/idle.sh` as installed: through podprobe's exec agent in the game container
+//! (no shared process namespace, a non-root sidecar without capabilities, no `pods/exec`), and
+//! the sidecar's token may exec into its own pod only.
 
 mod cluster;
 mod installed;
@@ -35,12 +36,17 @@ const HEALTHY: &str = "game.kruise.io/healthy";
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 
 /// The documents of `examples/recipes/<name>`, each Deployment's placeholder image replaced
-/// by the test game server (which answers what the recipes probe).
+/// by the test game server (which answers what the recipes probe), and a placeholder command
+/// by that image's entrypoint.
 fn recipe(name: &str) -> Vec<Value> {
     let path = workspace().join("examples/recipes").join(name);
     let mut docs = cluster::documents(&std::fs::read_to_string(path).unwrap());
     for doc in docs.iter_mut().filter(|d| d["kind"] == "Deployment") {
-        doc["spec"]["template"]["spec"]["containers"][0]["image"] = json!(GAMESERVER_IMAGE);
+        let container = &mut doc["spec"]["template"]["spec"]["containers"][0];
+        container["image"] = json!(GAMESERVER_IMAGE);
+        if container.get("command").is_some() {
+            container["command"] = json!(["/usr/local/bin/gameserver"]);
+        }
     }
     docs
 }
@@ -104,7 +110,8 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     );
     run_as_user(&cp, &node, &install[0]);
 
-    // The idle recipe: /idle.sh in the game container, which the sidecar's image lacks.
+    // The idle recipe: /idle.sh in the game container, which the sidecar's image lacks, run
+    // there by the exec agent that injection wrapped the recipe's command with.
     apply(&cp, &recipe("idle-deletion-cost.yaml"));
     let pods: Api<Pod> = Api::namespaced(cp.client(), GAMES);
     let arena = pods_of(&pods, "arena", 2).await;
@@ -152,7 +159,7 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
         );
     }
     let log = logs(&pods, busy, SIDECAR).await;
-    assert!(log.contains("exec_mode=api"), "{log}");
+    assert!(log.contains("exec_mode=agent"), "{log}");
     exec(&pods, busy, "arena", "touch /var/run/game/players").await;
     let pod = wait_for(&pods, busy, "busy, deletion cost 5", |p| {
         condition_status(p, IDLE).as_deref() == Some("False")
