@@ -39,7 +39,7 @@ enum Command {
     /// Run as the sidecar: read this pod's kruise.io/podprobe annotation, run its probes and
     /// write the results as pod conditions (strategic-merge patch of pods/status, guarded by the
     /// pod's uid). Uses the in-cluster service account, or KUBECONFIG.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 
     /// Run a pod's probes on this machine and print the conditions the sidecar would write.
     ///
@@ -342,7 +342,7 @@ fn main() -> ExitCode {
                 let stop = async {
                     entry::termination().await;
                 };
-                match sidecar::run(args.into(), stop).await {
+                match sidecar::run((*args).into(), stop).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
                         tracing::error!("{e}");

@@ -17,7 +17,8 @@
 //!
 //! Each path measures two windows of SECONDS: PODS game servers injected as the probed ones
 //! are (the same probe, so the same sidecar, agent and pod shape) whose probe never runs in the
-//! window (its initial delay is an hour: the baseline), then PODS others with the probe. Per attempt, above the baseline: the
+//! window (its initial delay is an hour: the baseline), then PODS others with the probe. Each
+//! window starts once containerd is done with the pods started or deleted before it. Per attempt, above the baseline: the
 //! CPU of the sidecars' and the game containers' cgroups, of the control plane's processes
 //! (kube-apiserver, etcd) and of the node's (kubelet, containerd, the shims with the runc and
 //! the commands they reap: in `api` the game container's figure is the command, already in its
@@ -56,7 +57,9 @@ use testkit::real::metrics::{RequestCounts, request_counts, request_delta};
 use testkit::real::{ControlPlane, Node, NodeOptions};
 
 use installed::NS;
-use on_node::usage::{cluster_markers, container_cpu, machine_busy, processes_cpu};
+use on_node::usage::{
+    cluster_markers, container_cpu, machine_busy, processes_cpu, processes_cpu_by_name,
+};
 use on_node::{PROCFS_INJECTION, SIDECAR, container_id};
 
 /// The idle recipe's probe period.
@@ -120,6 +123,8 @@ struct Window {
     games: f64,
     control_plane: f64,
     node: f64,
+    /// The node's share by process name (kubelet, containerd, shims).
+    node_by_process: BTreeMap<String, f64>,
     machine: f64,
     /// Attempts the sidecars counted.
     attempts: f64,
@@ -292,6 +297,7 @@ impl Bench<'_> {
     /// counted around the CPU readings (the scrapes take a moment; the attempts are scaled to
     /// the CPU window).
     async fn measure(&self, pods: &[Started], seconds: u64) -> Window {
+        self.settle().await;
         let counted = Instant::now();
         let (attempts0, requests0) = (self.attempts(pods).await, self.requests().await);
         let read = |pods: &[Started]| {
@@ -303,7 +309,7 @@ impl Bench<'_> {
                     .map(|p| container_cpu(self.node, &p.game))
                     .sum::<f64>(),
                 processes_cpu(&self.control_plane_marker),
-                processes_cpu(&self.node_marker),
+                processes_cpu_by_name(&self.node_marker),
                 machine_busy(),
             )
         };
@@ -319,13 +325,52 @@ impl Bench<'_> {
             sidecars: after.0 - before.0,
             games: after.1 - before.1,
             control_plane: after.2 - before.2,
-            node: after.3 - before.3,
+            node: after.3.values().sum::<f64>() - before.3.values().sum::<f64>(),
+            node_by_process: after
+                .3
+                .iter()
+                .map(|(name, t)| (name.clone(), t - before.3.get(name).copied().unwrap_or(0.0)))
+                .collect(),
             machine: after.4 - before.4,
             attempts: (attempts1 - attempts0) * cpu_window / counted_window,
             requests: scale(
                 &request_delta(&requests0, &requests1),
                 cpu_window / counted_window,
             ),
+        }
+    }
+
+    /// Waits until containerd is done with the pods started or deleted before (its native
+    /// snapshotter copies a rootfs per container and removes it after the pod is gone, for
+    /// tens of seconds at 100 pods): at most 3 minutes, until it used under 5 % of a core
+    /// over 5 s. Without it the probed window carried the baseline's teardown (containerd
+    /// was most of the agent path's "node" figure).
+    async fn settle(&self) {
+        const QUIET: f64 = 0.05;
+        let started = Instant::now();
+        let containerd = || {
+            let by_name = processes_cpu_by_name(&self.node_marker);
+            by_name.get("containerd").copied().unwrap_or(0.0)
+        };
+        loop {
+            let before = containerd();
+            tokio::time::sleep(Duration::from_secs(5)).await; // the sample itself
+            let share = (containerd() - before) / 5.0;
+            if share < QUIET {
+                eprintln!(
+                    "containerd quiet ({:.1} % of a core) after {:.0?}",
+                    share * 100.0,
+                    started.elapsed()
+                );
+                return;
+            }
+            if started.elapsed() > Duration::from_secs(180) {
+                eprintln!(
+                    "containerd still at {:.0} % of a core after 3 minutes: measuring anyway",
+                    share * 100.0
+                );
+                return;
+            }
         }
     }
 
@@ -432,6 +477,14 @@ fn report(path: ExecPath, pods: usize, idle: &Window, busy: &Window) -> serde_js
         "game_container_ms": ms(games),
         "control_plane_ms": ms(control_plane),
         "node_ms": ms(node),
+        "node_ms_by_process": busy
+            .node_by_process
+            .iter()
+            .map(|(name, t)| {
+                let quiet = idle.node_by_process.get(name).copied().unwrap_or(0.0);
+                (name.clone(), ms(above(*t, quiet)))
+            })
+            .collect::<BTreeMap<String, f64>>(),
         "machine_ms": ms(above(busy.machine, idle.machine)),
         "apiserver_requests_per_attempt": (requests / attempts * 1000.0).round() / 1000.0,
         "exec_requests_per_attempt": (exec_requests as f64 / attempts * 1000.0).round() / 1000.0,

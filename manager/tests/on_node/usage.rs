@@ -27,7 +27,12 @@ pub fn pid_cpu(pid: u32) -> f64 {
 /// CPU seconds of the processes whose command line names one of `markers` (the node's and
 /// the control plane's directories), children included.
 pub fn processes_cpu(markers: &[String]) -> f64 {
-    let mut total = 0.0;
+    processes_cpu_by_name(markers).values().sum()
+}
+
+/// [`processes_cpu`] by process name (`comm`: kubelet, containerd, containerd-shim, ...).
+pub fn processes_cpu_by_name(markers: &[String]) -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
             continue;
@@ -36,11 +41,13 @@ pub fn processes_cpu(markers: &[String]) -> f64 {
         if !markers.iter().any(|m| cmdline.contains(m.as_str())) {
             continue;
         }
-        if let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) {
-            total += pid_cpu(pid);
-        }
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        let name = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        *by_name.entry(name.trim().to_owned()).or_insert(0.0) += pid_cpu(pid);
     }
-    total
+    by_name
 }
 
 /// The node's and the control plane's directories, which every one of their processes'
