@@ -31,7 +31,7 @@ pub fn chain(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
         sidecar_link(facts, settings),
         node_link(facts, settings),
     ];
-    links.extend(exec_links(facts));
+    links.extend(exec_links(facts, settings));
     links.extend(probe_links(facts, &expected));
     links.extend(overwrites_link(facts, settings));
     links
@@ -227,7 +227,8 @@ const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
 
 /// Per container that exec probes target: where their command runs, and what it costs. Never
 /// a broken link: every path runs the probes.
-fn exec_links(facts: &PodFacts) -> Vec<Link> {
+fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
+    let on_virtual_node = matches!(inspect::node_kind(facts, settings), NodeKind::Serverless(_));
     let pod = &facts.pod;
     let mut targets: Vec<String> = inspect::annotation(pod, PODPROBE_ANNOTATION)
         .map(inspect::listed_probes)
@@ -252,6 +253,8 @@ fn exec_links(facts: &PodFacts) -> Vec<Link> {
                 format!("exec probes on container {name} run inside it through podprobe's exec agent, its main process (no apiserver request per attempt)")
             } else if spec.share_process_namespace == Some(true) {
                 format!("exec probes on container {name} run from the sidecar in the container's root (procfs) when the sidecar may (root, the runtime's capabilities), else through pods/exec (an apiserver request and a kubelet exec per attempt)")
+            } else if on_virtual_node {
+                format!("exec probes on container {name} go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command")
             } else if command.is_empty() {
                 format!("exec probes on container {name} go through pods/exec (an apiserver request and a kubelet exec per attempt): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod")
             } else {
@@ -534,7 +537,7 @@ mod tests {
                 {"name": "plain"}, {"name": "tcp"}]}))
             .unwrap(),
         );
-        let links = exec_links(&f);
+        let links = exec_links(&f, &settings("2026-11-25T13:00:00Z"));
         assert_eq!(links.len(), 2, "{links:?}");
         assert!(links.iter().all(|l| l.ok && l.name == "exec"));
         assert!(

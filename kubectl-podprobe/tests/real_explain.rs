@@ -471,6 +471,7 @@ fn expectations() -> Vec<(&'static str, &'static str)> {
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
   ok   condition      condition game.io/game is True (\"idle\"): probe idle succeeds
   ok   markers        the Succeeded policy's markers are on the pod: label idle=true
 Every link holds.
@@ -512,6 +513,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
   ok   condition      condition game.io/game is True (\"idle\"): probe idle succeeds
   ok   markers        the Succeeded policy's markers are on the pod: label idle=true
 First broken link: annotation: kruise.io/podprobe is out of date with its PodProbeMarkers (probe idle (game.io/game) changed): OpenKruise never updates it, recreate the pod; podprobe-manager rewrites it
@@ -541,6 +543,7 @@ Events:
   ok   probes         every probe is valid
   FAIL sidecar        the pod has no podprobe container: nothing runs its probes (with podprobe-manager, label the namespace podprobe.io/inject=enabled and recreate the pod)   <- first broken link
   ok   node           node vk-1 is labelled type=virtual-kubelet
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
   FAIL condition      condition game.io/game is missing: the sidecar has not written it
 First broken link: sidecar: the pod has no podprobe container: nothing runs its probes (with podprobe-manager, label the namespace podprobe.io/inject=enabled and recreate the pod)
 Events:
@@ -555,6 +558,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   FAIL node           node node-1 is not labelled type=virtual-kubelet: the managers write markers only for pods of serverless nodes (kruise-daemon probes pods of other nodes)   <- first broken link
+  ok   exec           exec probes on container main go through pods/exec (an apiserver request and a kubelet exec per attempt): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod
   ok   condition      condition game.io/game is True (\"idle\"): probe idle succeeds
   FAIL markers        the Succeeded policy's label idle=true is not on the pod: is the manager (kruise-manager or podprobe-manager) running?
 First broken link: node: node node-1 is not labelled type=virtual-kubelet: the managers write markers only for pods of serverless nodes (kruise-daemon probes pods of other nodes)
@@ -570,6 +574,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
   FAIL condition      condition game.io/game is False (\"busy: 3 players\"): probe idle does not succeed   <- first broken link
   ok   markers        the Failed policy's markers are on the pod: label idle=false
 First broken link: condition: condition game.io/game is False (\"busy: 3 players\"): probe idle does not succeed
@@ -585,6 +590,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
   ok   condition      condition game.io/half is True (\"idle\"): probe idle succeeds
   FAIL policy         PodProbeMarker half has no markerPolicy for state Succeeded of probe idle: nothing is written for it   <- first broken link
 First broken link: policy: PodProbeMarker half has no markerPolicy for state Succeeded of probe idle: nothing is written for it
@@ -600,6 +606,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
   FAIL condition      condition game.io/game is missing: another writer removed it (Event PodProbeConditionOverwritten: condition game.io/game was removed; managedFields do not say which writer; written back)   <- first broken link
   ok   overwrites     conditions overwritten: 1 PodProbeConditionOverwritten Event(s) in the last 5m (the sidecar publishes at most one per condition per 10m; its metric podprobe_condition_overwrites_total counts each), the last: \"condition game.io/game was removed; managedFields do not say which writer; written back\"; the status is also written by virtual-kubelet (Update, Ns ago). The sidecar writes them back (--overwrite-repair after-change, the default: at once for 30 s after a probe's result changed, so the managers see each change, then 1 s … 1 m apart while overwrites go on); where a provider replaces the whole status every few seconds, --overwrite-repair=immediate keeps them present at one write per overwrite (docs/providers.md)
 First broken link: condition: condition game.io/game is missing: another writer removed it (Event PodProbeConditionOverwritten: condition game.io/game was removed; managedFields do not say which writer; written back)
