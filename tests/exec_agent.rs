@@ -84,25 +84,13 @@ impl Agent {
         let (child, exit) = reaper::spawn(&mut agent).unwrap();
         let pid = Pid::from_raw(child.id() as i32);
         drop(child);
-        let mut agent = Agent {
+        let agent = Agent {
             dir,
             pid,
             exit: Some(exit),
         };
-        agent.until_serving(&socket).await;
+        until_exists(&socket, "the agent's socket").await;
         agent
-    }
-
-    /// Waits until the socket is there.
-    async fn until_serving(&mut self, socket: &Path) {
-        let deadline = tokio::time::Instant::now() + 10 * SEC;
-        while !socket.exists() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no socket after 10 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
     }
 
     fn volume(&self) -> PathBuf {
@@ -214,6 +202,18 @@ async fn the_exec_contract_holds_through_the_agent() {
     );
 }
 
+/// Waits until `path` exists: at most 10 s, then panics naming `what`.
+async fn until_exists(path: &Path, what: &str) {
+    let deadline = tokio::time::Instant::now() + 10 * SEC;
+    while !path.exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {what} after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
@@ -313,11 +313,7 @@ async fn sigterm_reaches_the_command_and_its_exit_code_is_the_containers() {
     let script = "trap 'exit 7' TERM; touch ready; while :; do sleep 0.05; done";
     let mut agent = Agent::start(&["sh", "-c", script]).await;
     let ready = agent.volume().join("work/ready");
-    let deadline = tokio::time::Instant::now() + 10 * SEC;
-    while !ready.exists() {
-        assert!(tokio::time::Instant::now() < deadline, "no trap after 10 s");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_exists(&ready, "the command's trap").await;
     kill(agent.pid, Signal::SIGTERM).unwrap();
     assert_eq!(agent.exited().await, WaitStatus::Exited(agent.pid, 7));
 }
@@ -344,14 +340,8 @@ fn parent(pid: i32) -> Option<i32> {
 /// Waits until the pid written to `file` (atomically) is the agent's child, then until it is
 /// reaped.
 async fn adopted_then_reaped(agent: &Agent, file: &Path) {
+    until_exists(file, "the orphan's pid file").await;
     let deadline = tokio::time::Instant::now() + 10 * SEC;
-    while !file.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no pid file after 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let orphan = read_pid(file);
     // This process is a subreaper too: the orphan must land on the agent, the nearer one.
     while parent(orphan) != Some(agent.pid.as_raw()) {
