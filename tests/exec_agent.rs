@@ -16,7 +16,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
-use podprobe::probe::exec::agent::socket_path;
+use podprobe::probe::exec::agent::{Response, read_line, socket_path};
 use podprobe::probe::reaper::{self, ExitStatusFuture};
 use podprobe::probe::{
     AgentExec, AttemptError, ExecAction, ExecConfig, ExecMode, Handler, MAX_MESSAGE_BYTES,
@@ -376,18 +376,52 @@ async fn orphans_in_the_container_are_adopted_and_reaped_by_the_agent() {
     );
 }
 
-#[tokio::test]
-async fn a_command_that_cannot_start_exits_as_a_shell_would() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = socket_path(dir.path(), CONTAINER);
+/// Runs `podprobe agent --socket SOCKET -- COMMAND` to its end: its pid and exit status.
+async fn run_to_exit(socket: &Path, command: &[&str]) -> (Pid, Option<WaitStatus>) {
     let mut agent = Command::new(env!("CARGO_BIN_EXE_podprobe"));
     agent
         .args(["agent", "--socket"])
-        .arg(&socket)
-        .args(["--", "/no/such/server"]);
+        .arg(socket)
+        .arg("--")
+        .args(command);
     let (child, exit) = reaper::spawn(&mut agent).unwrap();
     let pid = Pid::from_raw(child.id() as i32);
     drop(child);
     let status = tokio::time::timeout(10 * SEC, exit.wait()).await.unwrap();
+    (pid, status)
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_exits_as_a_shell_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let (pid, status) = run_to_exit(&socket, &["/no/such/server"]).await;
     assert_eq!(status, Some(WaitStatus::Exited(pid, 127)));
+}
+
+/// Serving probes is second to running the container's command: a socket that cannot be
+/// bound (its volume missing) leaves the command running, with its exit code.
+#[tokio::test]
+async fn the_command_runs_when_the_socket_cannot_be_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("no-such-volume/agent.sock");
+    let (pid, status) = run_to_exit(&socket, &["sh", "-c", "exit 5"]).await;
+    assert_eq!(status, Some(WaitStatus::Exited(pid, 5)));
+}
+
+#[tokio::test]
+async fn a_malformed_request_is_answered_and_the_agent_keeps_serving() {
+    let agent = Agent::start(IDLE).await;
+    let socket = socket_path(&agent.volume(), CONTAINER);
+    let mut stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stream, b"{\"command\": 7}\n")
+        .await
+        .unwrap();
+    let answer: Response = read_line(&mut stream).await.unwrap();
+    assert!(
+        matches!(&answer, Response::Error { message } if message.contains("could not read the request")),
+        "{answer:?}"
+    );
+    let obs = agent.probe(cmd(&["printf", "still here"]), 5 * SEC).await;
+    assert_eq!(obs.unwrap(), Observation::succeeded("still here"));
 }
