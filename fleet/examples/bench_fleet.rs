@@ -18,7 +18,7 @@ use clap::Parser;
 use std::time::Duration;
 
 use podprobe_fleet::outage::RECOVERY_WINDOW;
-use podprobe_fleet::{Fault, FleetOptions, ManagerKind, OutagePlan, Periods, Source};
+use podprobe_fleet::{ExecPath, Fault, FleetOptions, ManagerKind, OutagePlan, Periods, Source};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -79,6 +79,12 @@ struct Args {
     /// e.g. `flowControl.enabled=false` for the fleet without its own priority level.
     #[arg(long = "chart-set", value_name = "KEY=VALUE")]
     chart_set: Vec<String>,
+    /// Where the exec probe runs: `local`, in the sidecars (the pods on virtual-kubelet Node
+    /// objects, nothing to enter); `agent`, through the exec agent the chart's defaults wrap
+    /// the game container with (the pods on kubelet Node objects, giving their command; one
+    /// real agent per pod, the shipped static binary).
+    #[arg(long, value_enum, default_value_t = ExecPath::Local)]
+    exec: ExecPath,
     /// Label of this build in the CSV (e.g. `before`).
     #[arg(long, default_value = "this")]
     build: String,
@@ -138,6 +144,7 @@ async fn main() {
         outage,
         start_rate: args.start_rate,
         chart_values: args.chart_set.clone(),
+        exec: args.exec,
     };
     eprintln!("bench_fleet: {options:?}");
     let report = match podprobe_fleet::run(&options).await {

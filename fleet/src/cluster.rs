@@ -28,7 +28,9 @@ pub const SIDECAR_SA: &str = "podprobe-sidecar";
 pub const CONDITION: &str = "game.io/idle";
 pub const MARKER: &str = "fleet-idle";
 /// Every condition the PodProbeMarker's probes write (http, tcp, exec).
-pub const CONDITIONS: [&str; 3] = [CONDITION, "game.io/port-open", "game.io/alive"];
+pub const CONDITIONS: [&str; 3] = [CONDITION, "game.io/port-open", EXEC_CONDITION];
+/// The exec probe's condition.
+pub const EXEC_CONDITION: &str = "game.io/alive";
 const RELEASE_NS: &str = "podprobe-system";
 
 /// Which manager turns conditions into markers.
@@ -55,6 +57,10 @@ pub enum Nodes {
     /// `n` Node objects `vk-0` … labelled `type=virtual-kubelet`, with no agent behind them:
     /// the fleet writes each pod's status once, as a provider would.
     Objects(usize),
+    /// `n` Node objects `node-0` … as a kubelet's (no virtual-kubelet label), with no kubelet
+    /// behind them either: the fleet writes each pod's status once, as the kubelet would, and
+    /// runs each pod's exec agent ([`crate::agents`]).
+    Kubelet(usize),
     /// The virtual-kubelet library's node agents, named, each with its provider: the library
     /// writes the pods' status.
     Agents(Vec<(String, Provider)>),
@@ -65,6 +71,7 @@ impl Nodes {
     pub fn node_of(&self, i: usize) -> String {
         match self {
             Nodes::Objects(n) => format!("vk-{}", i % n.max(&1)),
+            Nodes::Kubelet(n) => format!("node-{}", i % n.max(&1)),
             Nodes::Agents(agents) => agents[i % agents.len().max(1)].0.clone(),
         }
     }
@@ -125,10 +132,14 @@ impl Cluster {
         };
         let mut agents = Vec::new();
         match nodes {
-            Nodes::Objects(count) => {
+            Nodes::Objects(count) | Nodes::Kubelet(count) => {
+                let labels = match nodes {
+                    Nodes::Objects(_) => json!({"type": "virtual-kubelet"}),
+                    _ => json!({}),
+                };
                 for n in 0..*count {
                     let node: Node = serde_json::from_value(json!({"metadata": {
-                        "name": format!("vk-{n}"), "labels": {"type": "virtual-kubelet"}}}))?;
+                        "name": nodes.node_of(n), "labels": labels}}))?;
                     Api::<Node>::all(cp.client())
                         .create(&PostParams::default(), &node)
                         .await?;
@@ -186,7 +197,7 @@ fn podprobemarker((http_port, tcp_port): (u16, u16), periods: Periods) -> Value 
                               {"state": "Failed", "labels": {MARKER: "false"}}]},
             {"name": "port", "containerName": "main", "podConditionType": CONDITIONS[1],
              "probe": {"tcpSocket": {"port": tcp_port}, "periodSeconds": periods.tcp}},
-            {"name": "alive", "containerName": "main", "podConditionType": CONDITIONS[2],
+            {"name": "alive", "containerName": "main", "podConditionType": EXEC_CONDITION,
              "probe": {"exec": {"command": ["true"]}, "periodSeconds": periods.exec}},
         ]}
     })

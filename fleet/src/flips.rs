@@ -12,7 +12,7 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use rand::seq::SliceRandom;
 
-use crate::cluster::{CONDITION, CONDITIONS, MARKER, NS};
+use crate::cluster::{CONDITION, CONDITIONS, EXEC_CONDITION, MARKER, NS};
 use crate::targets::Targets;
 
 /// One change of a pod's http target and what the pod showed after it.
@@ -32,6 +32,8 @@ struct Seen {
     marker: Option<bool>,
     /// How many of the PodProbeMarker's conditions the pod has.
     conditions: usize,
+    /// The exec probe's condition, which stays up.
+    exec: Option<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +109,10 @@ impl Tracker {
                 .filter(|c| CONDITIONS.contains(&c.type_.as_str()))
                 .count()
         });
+        let exec = parse_bool(
+            all.and_then(|c| c.iter().find(|c| c.type_ == EXEC_CONDITION))
+                .map(|c| c.status.as_str()),
+        );
         let marker = parse_bool(
             pod.metadata
                 .labels
@@ -122,6 +128,7 @@ impl Tracker {
             condition,
             marker,
             conditions,
+            exec,
         };
         let Some(flip) = state.in_flight.get_mut(&index) else {
             return;
@@ -162,6 +169,13 @@ impl Tracker {
         (0..state.pods.len())
             .filter(|&i| state.pods[i].condition != Some(targets.is_healthy(i)))
             .count()
+    }
+
+    /// Pods whose exec probe's condition is not True: its command (`true`) failed, timed out
+    /// or could not be run (e.g. its agent did not answer).
+    pub fn count_exec_not_true(&self) -> usize {
+        let state = self.state.lock().unwrap();
+        state.pods.iter().filter(|s| s.exec != Some(true)).count()
     }
 
     pub fn in_flight(&self) -> usize {

@@ -6,6 +6,8 @@
 //! - [`pods`]: the pods as a provider makes them, tokens and downward-API files;
 //! - [`targets`]: one HTTP and one TCP server answering for every pod's own address;
 //! - [`sidecars`]: the real sidecar code, hosted by `podprobe-fleet-sidecars` processes;
+//! - [`agents`]: with `--exec agent`, one real exec agent per pod, where injection wrapped its
+//!   game container;
 //! - [`flips`]: flipping targets, watching conditions and markers follow;
 //! - [`audit`]: each flip's patches and the time its status patch was answered;
 //! - [`outage`]: an apiserver or etcd outage during the flips, and [`bystander`]: what another
@@ -17,6 +19,7 @@
 //! The run: pods created → baseline window (no sidecars) → sidecars started, until every pod
 //! is marked → idle window → flipping window → drain → audit read → [`Report`].
 
+pub mod agents;
 pub mod audit;
 pub mod bystander;
 pub mod cluster;
@@ -34,6 +37,7 @@ pub mod targets;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub use agents::ExecPath;
 pub use cluster::{ManagerKind, Periods};
 pub use outage::{Fault, OutagePlan};
 pub use report::{Report, Source};
@@ -88,6 +92,9 @@ pub struct FleetOptions {
     /// `KEY=VALUE`s given to `helm install` beside the bench's own (podprobe-manager only),
     /// e.g. `flowControl.enabled=false`.
     pub chart_values: Vec<String>,
+    /// Where the exec probe runs: in the sidecars, or through the exec agents injection wraps
+    /// the pods' game containers with (the shipped static `podprobe` binary).
+    pub exec: ExecPath,
 }
 
 /// Open files a production kube-apiserver may hold (containerd's and systemd units'
@@ -123,7 +130,10 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         .tempdir()?;
     let targets = targets::Targets::start(n).await?;
     let ports = (targets.http_port, targets.tcp_port);
-    let nodes = cluster::Nodes::Objects(options.nodes);
+    let nodes = match options.exec {
+        ExecPath::Local => cluster::Nodes::Objects(options.nodes),
+        ExecPath::Agent => cluster::Nodes::Kubelet(options.nodes),
+    };
     let mut cluster = cluster::Cluster::start(
         options.manager,
         &options.manager_binary,
@@ -137,13 +147,22 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let _stop_watch = AbortOnDrop(watch);
     // The empty cluster (control plane, manager, PodProbeMarker, nodes; no pod yet): what
     // each pod and sidecar costs is measured over it.
-    let no_sidecars = measure::Processes::of(&cluster, Vec::new());
+    let no_sidecars = measure::Processes::of(&cluster, Vec::new(), &agents::Agents::default());
     let empty = measure::quiet(&cluster, &no_sidecars, SETTLE, n).await?;
 
     let started = Instant::now();
     let pods = pods::create(&cluster.cp, work.path(), n, &nodes, ports).await?;
     eprintln!("fleet: {n} pods created in {:.1?}", started.elapsed());
 
+    // The game containers start before their sidecars probe them; their cost is measured
+    // from the start-up window on, as the sidecars' is.
+    let mut agents = match options.exec {
+        ExecPath::Local => agents::Agents::default(),
+        ExecPath::Agent => {
+            let binary = testkit::real::node::images::shipped_binaries()?.join("podprobe");
+            agents::Agents::start(&binary, work.path(), &pods).await?
+        }
+    };
     let idle_window = Duration::from_secs(options.idle_seconds);
     let baseline = measure::quiet(&cluster, &no_sidecars, idle_window, n).await?;
 
@@ -159,7 +178,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         options.start_rate,
     )
     .await?;
-    let processes = measure::Processes::of(&cluster, hosts.pids());
+    let processes = measure::Processes::of(&cluster, hosts.pids(), &agents);
     let before = measure::sample(&cluster, &processes).await?;
     wait_all_showing(&tracker, &targets, &mut hosts, n, false).await?;
     let all_marked_seconds = started.elapsed().as_secs_f64();
@@ -210,6 +229,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     hosts.check_running()?;
+    agents.check_running()?;
+    let exec_not_true_at_end = tracker.count_exec_not_true();
     let wrong_at_end = tracker.count_wrong_without_flip(&targets);
     let conditions_wrong_at_end = tracker.count_condition_wrong(&targets);
     let (done, lost) = tracker.results();
@@ -270,6 +291,12 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         lost: lost.len() + wrong_at_end,
         wrong_at_end,
         conditions_wrong_at_end,
+        exec: options.exec,
+        exec_not_true_at_end,
+        exec_agent_ms_per_attempt: (options.exec == ExecPath::Agent).then(|| {
+            let attempts_per_second = n as f64 / f64::from(options.periods.exec.max(1));
+            idle.agents_cpu_cores * 1000.0 / attempts_per_second
+        }),
         condition_latency_p50_ms: report::percentile(&mut condition_latencies, 0.5),
         condition_latency_p99_ms: report::percentile(&mut condition_latencies, 0.99),
         marker_latency_p50_ms: report::percentile(&mut latencies, 0.5),

@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use testkit::real::metrics::{self, RequestCounts};
-use testkit::real::usage::{ConnectionTable, cores, cpu_ticks, rss_kib};
+use testkit::real::usage::{ConnectionTable, CpuGroup, cores, cpu_ticks, rss_kib};
 
 use crate::FleetError;
+use crate::agents::Agents;
 use crate::cluster::Cluster;
 
 /// The processes whose cost is measured.
@@ -18,16 +20,22 @@ pub struct Processes {
     pub etcd: u32,
     pub manager: u32,
     pub sidecars: Vec<u32>,
+    /// The pods' exec agents (`--exec agent`), standing for their game containers.
+    pub agents: Vec<u32>,
+    /// The agents' CPU with their commands'.
+    pub agents_cpu: Option<Arc<CpuGroup>>,
 }
 
 impl Processes {
-    pub fn of(cluster: &Cluster, sidecars: Vec<u32>) -> Processes {
+    pub fn of(cluster: &Cluster, sidecars: Vec<u32>, agents: &Agents) -> Processes {
         let pids = cluster.cp.pids();
         Processes {
             apiserver: pids.apiserver,
             etcd: pids.etcd,
             manager: cluster.manager_pid(),
             sidecars,
+            agents: agents.pids(),
+            agents_cpu: agents.cpu(),
         }
     }
 }
@@ -40,6 +48,8 @@ pub struct Sample {
     etcd: u64,
     manager: u64,
     sidecars: u64,
+    /// Nanoseconds.
+    agents: u64,
     metrics: String,
     etcd_metrics: String,
 }
@@ -66,6 +76,7 @@ pub async fn sample(cluster: &Cluster, processes: &Processes) -> Result<Sample, 
         etcd: cpu_ticks(processes.etcd),
         manager: cpu_ticks(processes.manager),
         sidecars: processes.sidecars.iter().map(|&p| cpu_ticks(p)).sum(),
+        agents: processes.agents_cpu.as_ref().map_or(0, |g| g.usage_ns()),
         metrics,
         etcd_metrics,
     })
@@ -176,6 +187,9 @@ pub struct Window {
     /// All sidecars together.
     pub sidecars_cpu_cores: f64,
     pub sidecar_rss_mib_per_pod: f64,
+    /// All exec agents together (`--exec agent`), with the probes' commands they ran.
+    pub agents_cpu_cores: f64,
+    pub agent_rss_mib_per_pod: f64,
     /// Watches of pods the apiserver is serving at the window's end.
     pub pod_watchers: f64,
     /// `VERB resource[/subresource]` → requests per second over the window.
@@ -229,6 +243,12 @@ pub fn window(before: &Sample, after: &Sample, processes: &Processes, pods: usiz
             0.0
         } else {
             mib(sidecar_rss) / pods as f64
+        },
+        agents_cpu_cores: after.agents.saturating_sub(before.agents) as f64 / 1e9 / seconds,
+        agent_rss_mib_per_pod: if processes.agents.is_empty() {
+            0.0
+        } else {
+            mib(processes.agents.iter().map(|&p| rss_kib(p)).sum()) / processes.agents.len() as f64
         },
         pod_watchers: metrics::sum(
             &after.metrics,

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use testkit::real::ControlPlane;
 
 use crate::FleetError;
+use crate::agents::{CONTAINER, GAME_COMMAND};
 use crate::cluster::{NS, Nodes, SIDECAR_SA};
 use crate::targets::pod_ip;
 
@@ -31,6 +32,10 @@ pub struct FleetPod {
     pub kubeconfig: PathBuf,
     /// The downward-API annotations file (kubelet layout), for `--source file`.
     pub annotations_file: PathBuf,
+    /// Where its sidecar finds the exec agents' sockets (`--exec-agent-dir`), when injection
+    /// wrapped its game container (`--exec agent`).
+    #[serde(default)]
+    pub agent_dir: Option<PathBuf>,
 }
 
 pub fn pod_name(i: usize) -> String {
@@ -47,19 +52,25 @@ pub fn index_of(name: &str) -> Option<usize> {
 /// On a node agent the pod opts out of sidecar injection: its sidecar runs beside the agent as
 /// a process, and the library's mock provider refuses a container whose environment reads
 /// `status.podIP` (as the injected sidecar's `POD_IP` does): `unsupported fieldPath`.
+///
+/// On a kubelet node the game container gives its command, as a game server's pod spec does:
+/// injection then wraps it with the exec agent.
 pub fn pod_template(i: usize, nodes: &Nodes, (http_port, tcp_port): (u16, u16)) -> Value {
     let mut labels = json!({"app": "fleet"});
     if let Nodes::Agents(_) = nodes {
         labels["podprobe.io/inject"] = json!("disabled");
     }
-    let node = nodes.node_of(i);
+    let mut main = json!({"name": CONTAINER, "image": "game:1", "ports": [
+        {"containerPort": http_port}, {"containerPort": tcp_port}]});
+    if let Nodes::Kubelet(_) = nodes {
+        main["command"] = json!([GAME_COMMAND]);
+    }
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name(i), "namespace": NS, "labels": labels},
-        "spec": {"nodeName": node,
+        "spec": {"nodeName": nodes.node_of(i),
                  "serviceAccountName": SIDECAR_SA,
-                 "containers": [{"name": "main", "image": "game:1", "ports": [
-                     {"containerPort": http_port}, {"containerPort": tcp_port}]}]}
+                 "containers": [main]}
     })
 }
 
@@ -126,7 +137,11 @@ async fn create_one(
         )));
     }
     let ip = pod_ip(i).to_string();
-    if let Nodes::Objects(_) = nodes {
+    let kubelet = matches!(nodes, Nodes::Kubelet(_));
+    if kubelet {
+        crate::agents::check_wrapped(&pod)?;
+    }
+    if let Nodes::Objects(_) | Nodes::Kubelet(_) = nodes {
         api.patch_status(
             &name,
             &PatchParams::default(),
@@ -148,5 +163,6 @@ async fn create_one(
         ip,
         kubeconfig,
         annotations_file,
+        agent_dir: kubelet.then(|| dir.join("agents")),
     })
 }

@@ -32,6 +32,13 @@ pub struct Report {
     /// Pods whose flipped condition at the end is not their target's state: a lost transition
     /// (whatever the marker shows).
     pub conditions_wrong_at_end: usize,
+    /// Where the exec probe ran.
+    pub exec: crate::agents::ExecPath,
+    /// Pods whose exec probe's condition (which stays up) is not True at the end.
+    pub exec_not_true_at_end: usize,
+    /// The agents' CPU with their commands' per exec attempt in the idle window (`--exec
+    /// agent`): what the exec path costs in the pods, the sidecars' share aside.
+    pub exec_agent_ms_per_attempt: Option<f64>,
     /// From a flip of the target to its status patch answered (probe period, probe, coalesce
     /// window, patch).
     pub condition_latency_p50_ms: Option<f64>,
@@ -166,6 +173,22 @@ impl Report {
             ));
         }
         out.push_str(&self.idle_cost());
+        out.push_str(&format!(
+            "exec probe ({:?}): {} pods not True at the end",
+            self.exec, self.exec_not_true_at_end
+        ));
+        if self.exec == crate::agents::ExecPath::Agent {
+            out.push_str(&format!(
+                "; agents with their commands {:.3} cores idle, {:.3} flipping ({} per attempt); \
+                 {:.2} MiB RSS per agent",
+                self.idle.agents_cpu_cores,
+                self.flipping.agents_cpu_cores,
+                self.exec_agent_ms_per_attempt
+                    .map_or("-".to_owned(), |v| format!("{v:.2} ms")),
+                self.flipping.agent_rss_mib_per_pod,
+            ));
+        }
+        out.push('\n');
         for (name, per) in [
             ("idle", &self.idle_per_sidecar),
             ("flipping", &self.flipping_per_sidecar),

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use podprobe::events::EventBudget;
 use podprobe::pod::{PodIdentity, SourceKind};
-use podprobe::probe::ExecMode;
+use podprobe::probe::{AgentExec, ExecMode};
 use podprobe::runner::TimingDefaults;
 use podprobe::sidecar::{RepairPolicy, SidecarOptions};
 
@@ -36,8 +36,9 @@ pub struct HostSpec {
 }
 
 /// `podprobe run`'s options for one pod, with the command line's defaults but the source and
-/// the Events' burst. Exec probes run in the host's own container (`local`): there is no
-/// container to enter.
+/// the Events' burst. Exec probes run through the pod's exec agent where injection wrapped its
+/// container (what the injected sidecar's `PODPROBE_EXEC_AGENTS` says, `auto` mode), else in
+/// the host's own process tree (`local`): there is no container to enter.
 pub fn options(
     pod: &FleetPod,
     source: Source,
@@ -67,8 +68,18 @@ pub fn options(
             ..EventBudget::default()
         }),
         metrics_addr: None,
-        exec_mode: ExecMode::Local,
-        exec_agent: Default::default(),
+        exec_mode: match pod.agent_dir {
+            Some(_) => ExecMode::Auto,
+            None => ExecMode::Local,
+        },
+        exec_agent: AgentExec {
+            dir: pod.agent_dir.clone().unwrap_or_default(),
+            containers: pod
+                .agent_dir
+                .iter()
+                .map(|_| crate::agents::CONTAINER.to_owned())
+                .collect(),
+        },
         overwrite_repair,
     }
 }

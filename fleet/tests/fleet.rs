@@ -1,15 +1,23 @@
 //! The fleet benchmark at small N in the suite: 200 pods, each with its own sidecar instance
 //! (the real sidecar code, 20 per process) and its own pod-bound token, watch and connection,
 //! podprobe-manager installed by the chart, 5 % of the pods flipping their http probe every
-//! second. Fails when a flip's marker never shows, when a flip costs more than one status
-//! patch or more than one marker write, when an idle sidecar writes anything or keeps
-//! reconnecting, or when a sidecar holds more than its one connection to the apiserver.
+//! second. The pods give their game container's command, so the chart's injection wraps it
+//! with the exec agent: each pod's exec probe runs through its own real agent. Fails when a
+//! flip's marker never shows, when a flip costs more than one status patch or more than one
+//! marker write, when an exec probe's condition is not True at the end (its agent did not
+//! answer), when an idle sidecar writes anything or keeps reconnecting, or when a sidecar
+//! holds more than its one connection to the apiserver.
 
 mod support;
 
+use podprobe_fleet::ExecPath;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
-    let options = support::small_fleet(200, 20, 10);
+    let options = podprobe_fleet::FleetOptions {
+        exec: ExecPath::Agent,
+        ..support::small_fleet(200, 20, 10)
+    };
     let report = podprobe_fleet::run(&options)
         .await
         .unwrap_or_else(|e| panic!("fleet run: {e}"));
@@ -31,6 +39,25 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
     assert!(
         report.marker_latency_p99_ms.is_some(),
         "no marker latency measured"
+    );
+    // The sidecars never fall back from an agent that does not answer: a True exec condition
+    // on every pod is every agent answering.
+    assert_eq!(
+        report.exec_not_true_at_end, 0,
+        "exec probes not True at the end"
+    );
+    assert!(
+        report.idle.agents_cpu_cores > 0.0 && report.flipping.agents_cpu_cores > 0.0,
+        "the agents ran no probe while idle or flipping"
+    );
+    assert!(
+        !report
+            .flipping
+            .requests_per_second
+            .keys()
+            .any(|k| k.ends_with("pods/exec")),
+        "exec probes went through the apiserver: {:?}",
+        report.flipping.requests_per_second
     );
 
     // Idle: nothing changes, so a sidecar has nothing to write; its watch ends at most once

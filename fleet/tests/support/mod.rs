@@ -1,7 +1,7 @@
 //! What the fleet tests share: a small fleet as the suite runs it (podprobe-manager from the
 //! chart, the api source, an http probe of period 1 s flipping 5 % of the pods a second).
 
-use podprobe_fleet::{FleetOptions, ManagerKind, Periods, Source};
+use podprobe_fleet::{ExecPath, FleetOptions, ManagerKind, Periods, Source};
 
 /// `pods` pods over 4 nodes, `per_process` sidecar instances per host process, no outage;
 /// the caller sets the flipping window's length.
@@ -26,5 +26,6 @@ pub fn small_fleet(pods: usize, per_process: usize, seconds: u64) -> FleetOption
         outage: None,
         start_rate: None,
         chart_values: Vec::new(),
+        exec: ExecPath::Local,
     }
 }
