@@ -31,9 +31,12 @@ use nix::errno::Errno;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use tokio::sync::{oneshot, watch};
 
-/// Safety net in case a SIGCHLD is ever missed (the stream coalesces signals, but every
-/// wake-up drains all pending statuses, so this should never matter).
-const POLL_FALLBACK: Duration = Duration::from_secs(1);
+/// How often to look for exited children when SIGCHLD cannot be listened to. When it can, the
+/// thread sleeps until one arrives: tokio's signal stream loses none once registered (it
+/// coalesces them, and every wake-up drains all pending statuses), and the first pass after
+/// registering collects what exited before. No timer wakes it: an exec agent, one per pod,
+/// waits days for its command with no CPU spent.
+const POLL_WITHOUT_SIGCHLD: Duration = Duration::from_millis(20);
 
 #[derive(Debug)]
 struct Reaper {
@@ -122,26 +125,23 @@ fn reaper_thread(reaper: &'static Reaper, ready: std::sync::mpsc::Sender<()>) {
         // No runtime: fall back to polling.
         loop {
             reaper.reap_all();
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(POLL_WITHOUT_SIGCHLD);
         }
     };
     runtime.block_on(async move {
         use tokio::signal::unix::{SignalKind, signal};
         let mut sigchld = signal(SignalKind::child()).ok();
-        let poll = if sigchld.is_some() {
-            POLL_FALLBACK
-        } else {
+        if sigchld.is_none() {
             tracing::warn!("cannot listen for SIGCHLD; polling for exited children");
-            Duration::from_millis(20)
-        };
+        }
         let _ = ready.send(());
         loop {
             reaper.reap_all();
             match sigchld.as_mut() {
                 Some(s) => {
-                    let _ = tokio::time::timeout(poll, s.recv()).await;
+                    s.recv().await;
                 }
-                None => tokio::time::sleep(poll).await,
+                None => tokio::time::sleep(POLL_WITHOUT_SIGCHLD).await,
             }
         }
     });
