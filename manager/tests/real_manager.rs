@@ -205,15 +205,14 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
     manager.shutdown().await;
 }
 
-/// Not a timed test: prints what the pod webhook adds to a pod create through the real
-/// apiserver (p50/p99 of 100 creates with and without it), asserting only that every pod was
-/// admitted as it should be.
 /// Pod Security "restricted" enforced in the pod's namespace by the real admission plugin: a
 /// pod whose own containers meet it is admitted with the sidecar as injected by default; a pod
 /// whose own container does not is refused for that container alone, never for the sidecar.
-/// And the service-account token is mounted into the sidecar alone.
+/// And the service-account token is mounted into the sidecar alone. Then the same under
+/// "baseline", with a game container that sets no security context at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_injected_pod_passes_pod_security_restricted_and_only_its_sidecar_holds_the_token() {
+async fn the_injected_pod_passes_pod_security_restricted_and_baseline_and_only_its_sidecar_holds_the_token()
+ {
     let Running { cp, manager, .. } =
         install_and_run(start_control_plane().await, Mode::Standalone).await;
     let admin = cp.client();
@@ -310,8 +309,77 @@ async fn the_injected_pod_passes_pod_security_restricted_and_only_its_sidecar_ho
             && !refused.message.contains("podprobe"),
         "{refused:?}"
     );
+
+    // "baseline": a game container as most are written, with no security context, gets the
+    // sidecar and the agent; one adding a capability is refused for itself alone.
+    let baseline = json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "baseline"}}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(admin.clone())
+        .patch(NS, &PatchParams::default(), &Patch::Merge(&baseline))
+        .await
+        .unwrap();
+    let plain_pod = |name: &str, net_admin: bool| {
+        let mut main = json!({"name": "main", "image": "game:1", "command": ["/game"]});
+        if net_admin {
+            main["securityContext"] = json!({"capabilities": {"add": ["NET_ADMIN"]}});
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS, "labels": {"app": "test"}},
+            "spec": {"nodeName": "vk-1", "serviceAccountName": "podprobe-sidecar",
+                     "containers": [main]}
+        }))
+        .unwrap();
+        pod
+    };
+    // Pod Security reads the namespace's level from a cache: until it has "baseline" it
+    // refuses this pod as "restricted" would (no seccomp profile, may run as root).
+    let admitted = async {
+        loop {
+            match pods
+                .create(&PostParams::default(), &plain_pod("gs-baseline", false))
+                .await
+            {
+                Ok(pod) => return pod,
+                Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("restricted") => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("an injected pod refused under \"baseline\": {e}"),
+            }
+        }
+    };
+    let admitted = tokio::time::timeout(LIMIT, admitted)
+        .await
+        .expect("Pod Security never applied \"baseline\"");
+    let spec = admitted.spec.as_ref().unwrap();
+    let inits = spec.init_containers.as_ref().expect("the sidecar");
+    let names: Vec<&str> = inits.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["podprobe-agent-install", "podprobe"]);
+    assert_eq!(
+        spec.containers[0].command.as_deref().unwrap()[..2],
+        ["/podprobe-agent/podprobe", "agent"]
+    );
+    let Err(kube::Error::Api(refused)) = pods
+        .create(&PostParams::default(), &plain_pod("gs-net-admin", true))
+        .await
+    else {
+        panic!("a pod adding NET_ADMIN was admitted: Pod Security is not enforcing \"baseline\"")
+    };
+    println!("{}", refused.message);
+    assert!(
+        refused.code == 403
+            && refused
+                .message
+                .contains("violates PodSecurity \"baseline:latest\"")
+            && refused.message.contains("NET_ADMIN")
+            && refused.message.contains("\"main\"")
+            && !refused.message.contains("podprobe"),
+        "{refused:?}"
+    );
 }
 
+/// Not a timed test: prints what the pod webhook adds to a pod create through the real
+/// apiserver (p50/p99 of 100 creates with and without it), asserting only that every pod was
+/// admitted as it should be.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_latency_added_to_pod_creates() {
     const N: usize = 100;
