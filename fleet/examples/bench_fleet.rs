@@ -163,7 +163,8 @@ async fn main() {
         .expect("docs/perf/fleet.jsonl");
     let manager_build = format!("{:?}", args.manager_build).to_lowercase();
     let record = serde_json::json!({"build": args.build, "manager_build": manager_build,
-            "start_rate": args.start_rate, "chart_set": args.chart_set, "report": report});
+            "start_rate": args.start_rate, "chart_set": args.chart_set,
+            "periods": options.periods, "report": report});
     writeln!(jsonl, "{record}").unwrap();
     println!("{}", serde_json::to_string(&report).unwrap());
 }
