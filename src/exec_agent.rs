@@ -82,10 +82,18 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
     drop(child);
     let init = std::process::id() == 1;
     for (sig, mut stream) in streams {
+        let program = program.clone();
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
                 if !init || catches(pid, sig) {
                     let _ = kill(pid, sig);
+                } else {
+                    // Said, because a container that then ignores SIGTERM until the kubelet's
+                    // SIGKILL looks like a fault of the agent's.
+                    tracing::info!(
+                        "podprobe agent: {sig} not forwarded: {program} has no handler for it, \
+                         and as its container's PID 1 the kernel dropped it for {program} too"
+                    );
                 }
             }
         });

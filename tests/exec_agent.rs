@@ -332,6 +332,86 @@ async fn sigterm_reaches_the_command_and_its_exit_code_is_the_containers() {
     assert_eq!(agent.exited().await, WaitStatus::Exited(agent.pid, 7));
 }
 
+/// As PID 1 of its PID namespace, as in a container, the agent forwards a signal only if the
+/// command catches it: the kernel drops a signal sent to a namespace's init that has no handler
+/// for it, so a command that was PID 1 never saw it, and must not now. Here the command catches
+/// USR1 and not TERM (a non-interactive `sh` installs no handler for it): TERM must leave it
+/// running, and the USR1 after it end it with its own exit code. (Outside a namespace's init
+/// every signal is forwarded: `sigterm_reaches_the_command_and_its_exit_code_is_the_containers`.)
+#[tokio::test]
+async fn as_pid_1_the_agent_forwards_only_the_signals_the_command_catches() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let ready = dir.path().join("ready");
+    let log = dir.path().join("agent.log");
+    let script = format!(
+        "trap 'exit 7' USR1; touch {}; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    // A new PID namespace with its own /proc, where the agent is PID 1 and reads its
+    // command's signal handlers as a container's init does.
+    let mut unshare = Command::new("unshare");
+    unshare
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+        .arg(env!("CARGO_BIN_EXE_podprobe"))
+        .args(["agent", "--socket"])
+        .arg(&socket)
+        .args(["--", "sh", "-c", &script])
+        .stderr(std::fs::File::create(&log).unwrap())
+        .process_group(0);
+    let (child, exit) = reaper::spawn(&mut unshare).unwrap();
+    let unshare_pid = Pid::from_raw(child.id() as i32);
+    drop(child);
+    let _group = KillGroupOnDrop(unshare_pid);
+    until_exists(&ready, "the command's trap").await;
+    let children =
+        std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
+            .unwrap();
+    let agent: i32 = children
+        .trim()
+        .parse()
+        .expect("unshare's one child, the agent");
+    let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .unwrap();
+    assert_eq!(
+        nspid.split_whitespace().last(),
+        Some("1"),
+        "the agent is not PID 1: {nspid}"
+    );
+
+    kill(Pid::from_raw(agent), Signal::SIGTERM).unwrap();
+    let deadline = tokio::time::Instant::now() + 10 * SEC;
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("SIGTERM not forwarded")
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the agent did not say it kept SIGTERM from a command without a handler: {}",
+            std::fs::read_to_string(&log).unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    kill(Pid::from_raw(agent), Signal::SIGUSR1).unwrap();
+    let status = tokio::time::timeout(10 * SEC, exit.wait())
+        .await
+        .expect("the agent did not exit within 10 s after USR1");
+    // 7: the command's trap ran; 143 would be the command killed by the forwarded TERM.
+    assert_eq!(status, Some(WaitStatus::Exited(unshare_pid, 7)));
+}
+
+/// Kills a process group when dropped (a failed test leaves nothing running).
+struct KillGroupOnDrop(Pid);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        let _ = killpg(self.0, Signal::SIGKILL);
+    }
+}
+
 #[tokio::test]
 async fn the_exit_code_is_the_commands() {
     for (script, code) in [("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", 137)] {
