@@ -226,10 +226,17 @@ fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
 const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
 
 /// Per container that exec probes target: where their command runs, and what it costs. Never
-/// a broken link: every path runs the probes.
+/// a broken link: every path runs the probes. None without podprobe's sidecar: then
+/// kruise-daemon or a provider runs the probes, and the sidecar link says what is missing.
 fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
     let on_virtual_node = matches!(inspect::node_kind(facts, settings), NodeKind::Serverless(_));
     let pod = &facts.pod;
+    if matches!(
+        inspect::sidecar(pod, &settings.sidecar_container),
+        Sidecar::Missing
+    ) {
+        return vec![];
+    }
     let mut targets: Vec<String> = inspect::annotation(pod, PODPROBE_ANNOTATION)
         .map(inspect::listed_probes)
         .unwrap_or_default()
@@ -534,10 +541,12 @@ mod tests {
         f.pod.spec = Some(
             serde_json::from_value(json!({"containers": [
                 {"name": "agent", "command": [AGENT_BINARY, "agent", "--socket", "/podprobe-agent/agent.sock", "--", "/srv"]},
-                {"name": "plain"}, {"name": "tcp"}]}))
+                {"name": "plain"}, {"name": "tcp"}, {"name": "podprobe"}]}))
             .unwrap(),
         );
-        let links = exec_links(&f, &settings("2026-11-25T13:00:00Z"));
+        let settings = settings("2026-11-25T13:00:00Z");
+        assert_eq!(settings.sidecar_container, "podprobe");
+        let links = exec_links(&f, &settings);
         assert_eq!(links.len(), 2, "{links:?}");
         assert!(links.iter().all(|l| l.ok && l.name == "exec"));
         assert!(
@@ -553,6 +562,10 @@ mod tests {
                 && links[1].finding.contains("gives no command"),
             "{links:?}"
         );
+        // Without podprobe's sidecar something else runs the probes: no exec line.
+        let spec = f.pod.spec.as_mut().unwrap();
+        spec.containers.retain(|c| c.name != "podprobe");
+        assert_eq!(exec_links(&f, &settings), Vec::new());
     }
 
     #[test]

@@ -543,7 +543,6 @@ Events:
   ok   probes         every probe is valid
   FAIL sidecar        the pod has no podprobe container: nothing runs its probes (with podprobe-manager, label the namespace podprobe.io/inject=enabled and recreate the pod)   <- first broken link
   ok   node           node vk-1 is labelled type=virtual-kubelet
-  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
   FAIL condition      condition game.io/game is missing: the sidecar has not written it
 First broken link: sidecar: the pod has no podprobe container: nothing runs its probes (with podprobe-manager, label the namespace podprobe.io/inject=enabled and recreate the pod)
 Events:
