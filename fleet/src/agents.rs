@@ -46,6 +46,8 @@ pub enum ExecPath {
 pub const GAME_COMMAND: &str = "/usr/local/bin/game";
 /// The container the fleet's probes target (the PodProbeMarker's `containerName`).
 pub const CONTAINER: &str = "main";
+/// The agents' cgroup's name, before the bench's pid.
+const GROUP_PREFIX: &str = "podprobe-fleet-agents-";
 /// What injection makes the wrapped container's command start with.
 const WRAPPED: [&str; 2] = ["/podprobe-agent/podprobe", "agent"];
 
@@ -102,7 +104,9 @@ impl Agents {
         work: &Path,
         pods: &[FleetPod],
     ) -> Result<Agents, FleetError> {
-        let cpu = CpuGroup::create(&format!("podprobe-fleet-agents-{}", std::process::id()))?;
+        // A bench killed before its cleanup leaves its empty group behind.
+        CpuGroup::remove_stale(GROUP_PREFIX);
+        let cpu = CpuGroup::create(&format!("{GROUP_PREFIX}{}", std::process::id()))?;
         let mut agents = Agents::default();
         let mut sockets = Vec::new();
         for pod in pods {
@@ -132,9 +136,10 @@ impl Agents {
                 .stderr(log)
                 .spawn()
                 .map_err(|e| FleetError::Setup(format!("{}: {e}", binary.display())))?;
-            // Before its socket exists, so before any probe: every command it runs counts.
-            cpu.add(child.id())?;
+            let pid = child.id();
             agents.children.push(child);
+            // Before its socket exists, so before any probe: every command it runs counts.
+            cpu.add(pid)?;
             sockets.push(socket);
         }
         agents.cpu = Some(Arc::new(cpu));

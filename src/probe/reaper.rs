@@ -116,6 +116,14 @@ impl Reaper {
 }
 
 fn reaper_thread(reaper: &'static Reaper, ready: std::sync::mpsc::Sender<()>) {
+    // A launcher may start podprobe with SIGCHLD blocked (the mask survives exec, and threads
+    // inherit it): then no thread would take it and this one would sleep forever. Let this
+    // thread take it.
+    let mut chld = nix::sys::signal::SigSet::empty();
+    chld.add(nix::sys::signal::Signal::SIGCHLD);
+    if let Err(err) = chld.thread_unblock() {
+        tracing::warn!(%err, "cannot unblock SIGCHLD for the reaper");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -139,7 +147,10 @@ fn reaper_thread(reaper: &'static Reaper, ready: std::sync::mpsc::Sender<()>) {
             reaper.reap_all();
             match sigchld.as_mut() {
                 Some(s) => {
-                    s.recv().await;
+                    if s.recv().await.is_none() {
+                        tracing::warn!("SIGCHLD stream ended; polling for exited children");
+                        sigchld = None;
+                    }
                 }
                 None => tokio::time::sleep(POLL_WITHOUT_SIGCHLD).await,
             }

@@ -136,14 +136,21 @@ pub struct CpuGroup {
 }
 
 impl CpuGroup {
-    /// Creates the group `name` (unique to the caller: e.g. with its pid).
-    pub fn create(name: &str) -> std::io::Result<CpuGroup> {
+    /// Where groups are made, and whether it is the unified hierarchy. On cgroup v1 the
+    /// cpuacct hierarchy: where it is mounted with the cpu controller (`cpu,cpuacct`) a group
+    /// is also a scheduling group, with the default shares.
+    fn parent() -> (std::path::PathBuf, bool) {
         let root = std::path::Path::new("/sys/fs/cgroup");
-        let (parent, unified) = if root.join("cgroup.controllers").exists() {
+        if root.join("cgroup.controllers").exists() {
             (root.to_path_buf(), true)
         } else {
             (root.join("cpuacct"), false)
-        };
+        }
+    }
+
+    /// Creates the group `name` (unique to the caller: e.g. with its pid).
+    pub fn create(name: &str) -> std::io::Result<CpuGroup> {
+        let (parent, unified) = CpuGroup::parent();
         let dir = parent.join(name);
         std::fs::create_dir(&dir).map_err(|e| {
             std::io::Error::new(
@@ -152,6 +159,20 @@ impl CpuGroup {
             )
         })?;
         Ok(CpuGroup { dir, unified })
+    }
+
+    /// Removes the empty groups whose name starts with `prefix`: those a killed run left (a
+    /// group with processes cannot be removed, so a running one stays).
+    pub fn remove_stale(prefix: &str) {
+        let (parent, _) = CpuGroup::parent();
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(prefix) {
+                let _ = std::fs::remove_dir(entry.path());
+            }
+        }
     }
 
     /// Moves process `pid` into the group; what it starts from then on is counted too.
