@@ -292,23 +292,13 @@ async fn the_injected_pod_passes_pod_security_restricted_and_baseline_and_only_i
     assert_eq!(seccomp.map(|p| p.type_.as_str()), Some("RuntimeDefault"));
 
     // The control: the plugin enforces, and names only the game's container.
-    let Err(kube::Error::Api(refused)) = pods
-        .create(&PostParams::default(), &game_pod("gs-unrestricted", false))
-        .await
-    else {
-        panic!("a pod without a seccomp profile was admitted: Pod Security is not enforcing")
-    };
-    println!("{}", refused.message);
-    assert!(
-        refused.code == 403
-            && refused
-                .message
-                .contains("violates PodSecurity \"restricted:latest\"")
-            && refused.message.contains("seccompProfile")
-            && refused.message.contains("\"main\"")
-            && !refused.message.contains("podprobe"),
-        "{refused:?}"
-    );
+    refused_for_main(
+        &pods,
+        &game_pod("gs-unrestricted", false),
+        "restricted",
+        "seccompProfile",
+    )
+    .await;
 
     // "baseline": a game container as most are written, with no security context, gets the
     // sidecar and the agent; one adding a capability is refused for itself alone.
@@ -358,19 +348,28 @@ async fn the_injected_pod_passes_pod_security_restricted_and_baseline_and_only_i
         spec.containers[0].command.as_deref().unwrap()[..2],
         ["/podprobe-agent/podprobe", "agent"]
     );
-    let Err(kube::Error::Api(refused)) = pods
-        .create(&PostParams::default(), &plain_pod("gs-net-admin", true))
-        .await
-    else {
-        panic!("a pod adding NET_ADMIN was admitted: Pod Security is not enforcing \"baseline\"")
+    refused_for_main(
+        &pods,
+        &plain_pod("gs-net-admin", true),
+        "baseline",
+        "NET_ADMIN",
+    )
+    .await;
+}
+
+/// Creates `pod` and asserts Pod Security `level` refused it for its container `main` alone
+/// (for `violation`), never naming podprobe's containers.
+async fn refused_for_main(pods: &Api<Pod>, pod: &Pod, level: &str, violation: &str) {
+    let Err(kube::Error::Api(refused)) = pods.create(&PostParams::default(), pod).await else {
+        panic!("a pod violating {violation} was admitted: Pod Security is not enforcing {level:?}")
     };
     println!("{}", refused.message);
     assert!(
         refused.code == 403
             && refused
                 .message
-                .contains("violates PodSecurity \"baseline:latest\"")
-            && refused.message.contains("NET_ADMIN")
+                .contains(&format!("violates PodSecurity \"{level}:latest\""))
+            && refused.message.contains(violation)
             && refused.message.contains("\"main\"")
             && !refused.message.contains("podprobe"),
         "{refused:?}"
