@@ -412,6 +412,17 @@ impl Drop for KillGroupOnDrop {
     }
 }
 
+/// Kills a process when dropped, unless it was seen to exit (its pid may be reused then).
+struct KillOnDrop(Option<Pid>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = kill(pid, Signal::SIGKILL);
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_exit_code_is_the_commands() {
     for (script, code) in [("exit 0", 0), ("exit 3", 3), ("kill -KILL $$", 137)] {
@@ -465,6 +476,39 @@ async fn orphans_in_the_container_are_adopted_and_reaped_by_the_agent() {
     assert_eq!(obs.outcome, Outcome::Succeeded);
     adopted_then_reaped(&agent, &file).await;
     until_no_zombies(agent.pid.as_raw()).await;
+}
+
+/// A launcher may start the agent with SIGCHLD blocked (the mask survives exec). The agent's
+/// reaper sleeps until a SIGCHLD, with no timer: it must take the signal anyway, or the
+/// container would never see its command exit. Python's `pthread_sigmask` stands for such a
+/// launcher.
+#[tokio::test]
+async fn started_with_sigchld_blocked_the_agent_still_sees_its_command_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent.sock");
+    let launcher = "import os, signal, sys\n\
+                    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})\n\
+                    os.execv(sys.argv[1], sys.argv[1:])";
+    let mut agent = Command::new("python3");
+    agent
+        .args([
+            "-c",
+            launcher,
+            env!("CARGO_BIN_EXE_podprobe"),
+            "agent",
+            "--socket",
+        ])
+        .arg(&socket)
+        .args(["--", "sh", "-c", "sleep 0.2; exit 4"]);
+    let (child, exit) = reaper::spawn(&mut agent).unwrap();
+    let pid = Pid::from_raw(child.id() as i32);
+    drop(child);
+    let mut guard = KillOnDrop(Some(pid));
+    let status = tokio::time::timeout(10 * SEC, exit.wait())
+        .await
+        .expect("the agent did not see its command exit within 10 s");
+    guard.0 = None;
+    assert_eq!(status, Some(WaitStatus::Exited(pid, 4)));
 }
 
 /// Runs `podprobe agent --socket SOCKET -- COMMAND` to its end: its pid and exit status.
