@@ -8,8 +8,8 @@
 //! that pod looks for it. The agents start, and their sockets exist, before any sidecar: a
 //! container's main process starts before a sidecar's first probe reaches it.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use testkit::real::usage::CpuGroup;
 
 use crate::FleetError;
+use crate::children::Children;
 use crate::pods::FleetPod;
 
 /// Where the fleet's exec probes run.
@@ -48,6 +49,8 @@ pub const GAME_COMMAND: &str = "/usr/local/bin/game";
 pub const CONTAINER: &str = "main";
 /// The agents' cgroup's name, before the bench's pid.
 const GROUP_PREFIX: &str = "podprobe-fleet-agents-";
+/// What each agent runs in place of the game server: killed with its agent.
+const GAME_SERVER: [&str; 6] = ["setpriv", "--pdeathsig", "KILL", "--", "sleep", "infinity"];
 /// What injection makes the wrapped container's command start with.
 const WRAPPED: [&str; 2] = ["/podprobe-agent/podprobe", "agent"];
 
@@ -89,10 +92,12 @@ pub fn check_wrapped(pod: &Pod) -> Result<(), FleetError> {
 
 /// The running agents; killed when dropped (and by the kernel if the bench dies: each agent
 /// and its command have `--pdeathsig`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Agents {
-    children: Vec<std::process::Child>,
-    /// Counts the agents' CPU and their commands'; dropped after the children are killed.
+    // Field order is drop order: the agents are killed before their cgroup is removed (a
+    // cgroup with processes cannot be).
+    children: Children,
+    /// Counts the agents' CPU and their commands'.
     cpu: Option<Arc<CpuGroup>>,
 }
 
@@ -107,7 +112,7 @@ impl Agents {
         // A bench killed before its cleanup leaves its empty group behind.
         CpuGroup::remove_stale(GROUP_PREFIX);
         let cpu = CpuGroup::create(&format!("{GROUP_PREFIX}{}", std::process::id()))?;
-        let mut agents = Agents::default();
+        let mut agents = Agents::none();
         let mut sockets = Vec::new();
         for pod in pods {
             let Some(dir) = &pod.agent_dir else { continue };
@@ -115,29 +120,11 @@ impl Agents {
             let socket_dir = socket.parent().unwrap_or(dir);
             std::fs::create_dir_all(socket_dir)?;
             let log = std::fs::File::create(work.join(&pod.name).join("agent.log"))?;
-            let child = std::process::Command::new("setpriv")
-                .args(["--pdeathsig", "KILL", "--"])
-                .arg(binary)
-                .arg("agent")
-                .arg("--socket")
-                .arg(&socket)
-                .args([
-                    "--",
-                    "setpriv",
-                    "--pdeathsig",
-                    "KILL",
-                    "--",
-                    "sleep",
-                    "infinity",
-                ])
-                .current_dir(socket_dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .map_err(|e| FleetError::Setup(format!("{}: {e}", binary.display())))?;
-            let pid = child.id();
-            agents.children.push(child);
+            let mut args: Vec<&OsStr> = ["agent", "--socket"].map(OsStr::new).to_vec();
+            args.push(socket.as_os_str());
+            args.push(OsStr::new("--"));
+            args.extend(GAME_SERVER.map(OsStr::new));
+            let pid = agents.children.spawn(binary, args, Some(socket_dir), log)?;
             // Before its socket exists, so before any probe: every command it runs counts.
             cpu.add(pid)?;
             sockets.push(socket);
@@ -145,6 +132,14 @@ impl Agents {
         agents.cpu = Some(Arc::new(cpu));
         agents.wait_for(&sockets).await?;
         Ok(agents)
+    }
+
+    /// No agents (`--exec local`).
+    pub fn none() -> Agents {
+        Agents {
+            children: Children::new("exec agent"),
+            cpu: None,
+        }
     }
 
     async fn wait_for(&mut self, sockets: &[PathBuf]) -> Result<(), FleetError> {
@@ -169,7 +164,7 @@ impl Agents {
     }
 
     pub fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(std::process::Child::id).collect()
+        self.children.pids()
     }
 
     /// What counts the CPU of the agents and of every command they ran (none without agents).
@@ -179,25 +174,7 @@ impl Agents {
 
     /// Fails when an agent has exited: its command runs until it is killed.
     pub fn check_running(&mut self) -> Result<(), FleetError> {
-        for child in &mut self.children {
-            if let Some(status) = child.try_wait()? {
-                return Err(FleetError::Setup(format!(
-                    "exec agent {} exited: {status}",
-                    child.id()
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Agents {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        self.cpu.take();
+        self.children.check_running()
     }
 }
 

@@ -22,6 +22,7 @@
 pub mod agents;
 pub mod audit;
 pub mod bystander;
+mod children;
 pub mod cluster;
 pub mod flips;
 mod http;
@@ -147,7 +148,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let _stop_watch = AbortOnDrop(watch);
     // The empty cluster (control plane, manager, PodProbeMarker, nodes; no pod yet): what
     // each pod and sidecar costs is measured over it.
-    let no_sidecars = measure::Processes::of(&cluster, Vec::new(), &agents::Agents::default());
+    let no_sidecars = measure::Processes::of(&cluster, Vec::new(), &agents::Agents::none());
     let empty = measure::quiet(&cluster, &no_sidecars, SETTLE, n).await?;
 
     let started = Instant::now();
@@ -157,7 +158,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     // The game containers start before their sidecars probe them; their cost is measured
     // from the start-up window on, as the sidecars' is.
     let mut agents = match options.exec {
-        ExecPath::Local => agents::Agents::default(),
+        ExecPath::Local => agents::Agents::none(),
         ExecPath::Agent => {
             let binary = testkit::real::node::images::shipped_binaries()?.join("podprobe");
             agents::Agents::start(&binary, work.path(), &pods).await?

@@ -11,7 +11,6 @@
 
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use podprobe::events::EventBudget;
@@ -21,6 +20,7 @@ use podprobe::runner::TimingDefaults;
 use podprobe::sidecar::{RepairPolicy, SidecarOptions};
 
 use crate::FleetError;
+use crate::children::Children;
 use crate::pods::FleetPod;
 use crate::report::Source;
 
@@ -87,7 +87,7 @@ pub fn options(
 /// The host processes; killed when dropped (and by the kernel if the bench dies).
 #[derive(Debug)]
 pub struct Hosts {
-    children: Vec<std::process::Child>,
+    children: Children,
 }
 
 impl Hosts {
@@ -109,7 +109,7 @@ impl Hosts {
         let per_process = per_process.max(1);
         let gap = rate.map(|r| Duration::from_secs_f64(per_process as f64 / f64::from(r.get())));
         let mut hosts = Hosts {
-            children: Vec::new(),
+            children: Children::new("sidecar host"),
         };
         for (n, chunk) in pods.chunks(per_process).enumerate() {
             if let Some(gap) = gap.filter(|_| n > 0) {
@@ -124,44 +124,18 @@ impl Hosts {
             let path = work.join(format!("host-{n}.json"));
             std::fs::write(&path, serde_json::to_vec(&spec)?)?;
             let log = std::fs::File::create(work.join(format!("host-{n}.log")))?;
-            let child = std::process::Command::new("setpriv")
-                .args(["--pdeathsig", "KILL", "--"])
-                .arg(binary)
-                .arg(&path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .map_err(|e| FleetError::Setup(format!("{}: {e}", binary.display())))?;
-            hosts.children.push(child);
+            hosts.children.spawn(binary, [&path], None, log)?;
         }
         Ok(hosts)
     }
 
     pub fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(std::process::Child::id).collect()
+        self.children.pids()
     }
 
     /// Fails when a host process has exited (a sidecar never exits on its own).
     pub fn check_running(&mut self) -> Result<(), FleetError> {
-        for child in &mut self.children {
-            if let Some(status) = child.try_wait()? {
-                return Err(FleetError::Setup(format!(
-                    "sidecar host {} exited: {status}",
-                    child.id()
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.children.check_running()
     }
 }
 
