@@ -16,17 +16,18 @@
 //!   chrooted into the game container.
 //!
 //! Each path measures two windows of SECONDS: PODS game servers injected as the probed ones
-//! are (the same probe, so the same sidecar, agent and pod shape) whose probe never runs in the
-//! window (its initial delay is an hour: the baseline), then PODS others with the probe. Each
-//! window starts once containerd is done with the pods started or deleted before it. Per attempt, above the baseline: the
-//! CPU of the sidecars' and the game containers' cgroups, of the control plane's processes
-//! (kube-apiserver, etcd) and of the node's (kubelet, containerd, the shims with the runc and
-//! the commands they reap: in `api` the game container's figure is the command, already in its
-//! shim's, and is left out of the total); the apiserver's requests (`apiserver_request_total`,
-//! all of them above the baseline's, and `pods/exec`'s); the attempts the sidecars counted
-//! (`podprobe_probe_attempts_total`, scraped from inside the node's network namespace, with
-//! `injection.config.metricsPort` on) against one per pod per period (`kept_up`, 1 when every
-//! attempt kept its period). The machine's busy CPU is printed beside them as a check.
+//! are (the same probe, so the same sidecar, agent and pod shape) whose probe never runs in
+//! the window (its initial delay is an hour: the baseline), then PODS others with the probe.
+//! Each window starts once containerd is done with the pods started or deleted before it. Per
+//! attempt, above the baseline: the CPU of the sidecars' and the game containers' cgroups, of
+//! the control plane's processes (kube-apiserver, etcd) and of the node's (kubelet,
+//! containerd, the shims with the runc and the commands they reap: in `api` the game
+//! container's figure is the command, already in its shim's, and is left out of the total);
+//! the apiserver's requests (`apiserver_request_total`, all of them above the baseline's, and
+//! `pods/exec`'s); the attempts the sidecars counted (`podprobe_probe_attempts_total`, scraped
+//! from inside the node's network namespace, with `injection.config.metricsPort` on) against
+//! one per pod per period (`kept_up`, 1 when every attempt kept its period). The machine's
+//! busy CPU is printed beside them as a check.
 //!
 //! Last, one JSON line per path; the lines are appended to `docs/perf/node_exec.jsonl`. Run it
 //! on an otherwise quiet machine:

@@ -1,15 +1,15 @@
 //! Dispatch of exec attempts to a mode, and `auto`'s choice per target container.
 //!
 //! `auto` keeps one decision per target container (by name), made when the container is first
-//! probed and again whenever its `containerID` changes (a restart): the first of
-//! agent → procfs → api → local whose pre-check passes (agent: the manager wrapped the
-//! container's command; procfs: the target process is found and the capabilities are there;
-//! api: a client is configured). A container with an agent always uses it: an agent that is
-//! not answering (its container restarting) is an errored attempt, never a fallback. The
-//! choice and the reasons the earlier modes were passed over are logged once, at info. When an attempt in the chosen mode
-//! ends with [`AttemptError::ModeUnavailable`] (ptrace access refused, RBAC forbids
-//! `pods/exec`, ...), that mode is ruled out for this container instance, the fallback is
-//! logged (warn) and the same attempt is retried in the next mode with what is left of its
+//! probed and again whenever its `containerID` changes (a restart): the first of agent →
+//! procfs → api → local whose pre-check passes (agent: the manager wrapped the container's
+//! command; procfs: the target process is found and the capabilities are there; api: a client
+//! is configured). A container with an agent always uses it: an agent that is not answering
+//! (its container restarting) is an errored attempt, never a fallback. The choice and the
+//! reasons the earlier modes were passed over are logged once, at info. When an attempt in the
+//! chosen mode ends with [`AttemptError::ModeUnavailable`] (ptrace access refused, RBAC
+//! forbids `pods/exec`, ...), that mode is ruled out for this container instance, the fallback
+//! is logged (warn) and the same attempt is retried in the next mode with what is left of its
 //! timeout. `local` is always possible, so probes never stay errored because of the mode.
 
 use std::collections::HashMap;

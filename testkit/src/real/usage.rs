@@ -1,4 +1,5 @@
-//! What a process costs, read from /proc: CPU time (utime + stime) and resident memory, for
+//! What a process costs, read from /proc: CPU time (utime + stime) and resident memory; and,
+//! for many small processes, their CPU to the nanosecond from a cgroup ([`CpuGroup`]). For
 //! the benchmarks that put a figure on a daemon, a sidecar or a fleet of them.
 
 /// Clock ticks per second of /proc's utime and stime (USER_HZ: 100 on Linux).
