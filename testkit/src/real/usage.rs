@@ -57,7 +57,11 @@ impl ConnectionTable {
         ConnectionTable(table)
     }
 
-    /// The connections process `pid` holds a descriptor of; empty when it is gone.
+    /// The connections process `pid` holds a descriptor of, each once; empty when it is gone.
+    ///
+    /// Each once: the kernel hands out its text table a page at a time and resumes by position,
+    /// so while other processes open and close connections a line can come twice in one read
+    /// (a socket is one line per 4-tuple, so the duplicates are dropped here).
     pub fn held_by(&self, pid: u32) -> Vec<Connection> {
         use procfs::process::{FDTarget, Process};
         let Ok(fds) = Process::new(pid as i32).and_then(|p| p.fd()) else {
@@ -76,6 +80,8 @@ impl ConnectionTable {
                 local: e.local_address,
                 remote: e.remote_address,
             })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect()
     }
 }
@@ -122,6 +128,48 @@ mod tests {
         drop(client);
         assert!(!connections(std::process::id()).iter().any(ours));
         assert!(connections(u32::MAX).is_empty(), "no such process");
+    }
+
+    /// Read while connections come and go, the table lists each connection once: it spans
+    /// several pages here, and a line can come twice across them.
+    #[test]
+    fn each_connection_is_listed_once_while_others_come_and_go() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const HELD: usize = 200;
+        const READINGS: usize = 50;
+        let listen = || std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let listener = listen();
+        // Accepted one by one: the listener's backlog is shorter than HELD.
+        let held: Vec<_> = (0..HELD)
+            .map(|_| {
+                let client = std::net::TcpStream::connect(listener.local_addr().unwrap());
+                (client.unwrap(), listener.accept().unwrap().0)
+            })
+            .collect();
+        // Two threads open and close connections until the readings are done, each closed
+        // with a reset so that it leaves no TIME_WAIT line behind for a minute.
+        let read = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    let listener = listen();
+                    while !read.load(Ordering::Relaxed) {
+                        let client = std::net::TcpStream::connect(listener.local_addr().unwrap());
+                        let client = socket2::Socket::from(client.unwrap());
+                        client.set_linger(Some(std::time::Duration::ZERO)).unwrap();
+                        drop((client, listener.accept().unwrap()));
+                    }
+                });
+            }
+            let twice = (1..=READINGS).find_map(|reading| {
+                let listed = connections(std::process::id());
+                let unique: std::collections::BTreeSet<_> = listed.iter().collect();
+                (listed.len() != unique.len()).then(|| (reading, listed.len() - unique.len()))
+            });
+            read.store(true, Ordering::Relaxed);
+            assert_eq!(twice, None, "(reading, connections listed twice)");
+        });
+        drop(held);
     }
 }
 
