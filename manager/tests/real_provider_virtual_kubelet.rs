@@ -14,6 +14,7 @@
 //! token under the chart's admission policy, its conditions kept against the 5 s replacement
 //! and its markers right both ways. A pod bound to the node without tolerating its taint gets
 //! the kubelet shape, which the library cannot start ("unsupported fieldPath: status.podIP").
+//! With `execAgent: always` the pod's exec-agent shape passes azure-aci's rules too.
 //!
 //! Neither agent runs containers: the injected container is run here, as the provider would
 //! run it: its command, args and environment as the library resolves them, its token read
@@ -208,6 +209,16 @@ async fn cluster(
     node: &str,
     provider: Provider,
 ) -> (installed::Running, VirtualKubelet) {
+    cluster_with(mode, node, provider, &[]).await
+}
+
+/// [`cluster`] with more helm arguments for the chart.
+async fn cluster_with(
+    mode: Mode,
+    node: &str,
+    provider: Provider,
+    helm_args: &[&str],
+) -> (installed::Running, VirtualKubelet) {
     let mut cp = start_control_plane().await;
     cp.start_scheduler()
         .unwrap_or_else(|e| panic!("kube-scheduler: {e}"));
@@ -218,7 +229,7 @@ async fn cluster(
             .await
             .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
     }
-    let running = install_and_run(cp, mode).await;
+    let running = installed::install_and_run_with(cp, mode, helm_args).await;
     let agent = VirtualKubelet::start_node(&running.cp, node, provider)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -305,6 +316,61 @@ async fn azure_aci_rules_accept_the_injected_pod_and_it_is_probed_and_marked() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    running.manager.shutdown().await;
+}
+
+/// `injection.config.execAgent: always`, the opt-in that brings the exec agent to virtual
+/// nodes: the pod it shapes (an install init container without resources or ports, the
+/// container's command wrapped, an `emptyDir` per agent) passes azure-aci's rules on the real
+/// library and runs. (The provider runs no containers here: that the agent then serves the
+/// probes is shown on the real node and through the real binary.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_exec_agent_always_azure_aci_rules_accept_the_wrapped_pod() {
+    use podprobe_manager::inject::agent;
+    let (running, _aci) = cluster_with(
+        Mode::Standalone,
+        "aci-1",
+        Provider::AciRules,
+        &["--set", "injection.config.execAgent=always"],
+    )
+    .await;
+    let mut marker = installed::listening_marker(1);
+    marker.spec.probes[0].probe =
+        serde_json::from_value(json!({"exec": {"command": ["/idle.sh"]}, "periodSeconds": 2}))
+            .unwrap();
+    Api::<podprobe_manager::crd::PodProbeMarker>::namespaced(running.cp.client(), NS)
+        .create(&PostParams::default(), &marker)
+        .await
+        .unwrap();
+
+    let pod = create(&running, &game_pod("game-0", None, true)).await;
+    assert_virtual_node_shape(&pod);
+    let spec = pod.spec.as_ref().unwrap();
+    let install = spec.init_containers.iter().flatten();
+    let install: Vec<_> = install
+        .filter(|c| c.name == agent::INSTALL_CONTAINER)
+        .collect();
+    assert_eq!(install.len(), 1, "the agent's install container");
+    let main = spec.containers.iter().find(|c| c.name == "main").unwrap();
+    let command = main.command.as_deref().unwrap();
+    assert_eq!(
+        (
+            command.first().map(String::as_str),
+            command.last().map(String::as_str)
+        ),
+        (Some(agent::AGENT_BINARY), Some("/game")),
+        "the container's command wrapped: {command:?}"
+    );
+    assert_eq!(main.args.as_deref(), Some(&["--serve".to_string()][..]));
+    let agents = injected_container(&pod).env.iter().flatten();
+    let agents: Vec<_> = agents.filter(|e| e.name == agent::AGENTS_ENV).collect();
+    assert_eq!(agents[0].value.as_deref(), Some("main"));
+
+    let ran = wait_running(&running, "game-0").await;
+    assert_eq!(
+        ran.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("aci-1")
+    );
     running.manager.shutdown().await;
 }
 
