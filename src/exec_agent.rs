@@ -84,15 +84,18 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
     for (sig, mut stream) in streams {
         let program = program.clone();
         tokio::spawn(async move {
+            let mut said = false;
             while stream.recv().await.is_some() {
                 if !init || catches(pid, sig) {
                     let _ = kill(pid, sig);
-                } else {
+                } else if !said {
                     // Said, because a container that then ignores SIGTERM until the kubelet's
-                    // SIGKILL looks like a fault of the agent's.
+                    // SIGKILL looks like a fault of the agent's; once per signal, as a
+                    // terminal's resizes may come by the hundred.
+                    said = true;
                     tracing::info!(
                         "podprobe agent: {sig} not forwarded: {program} has no handler for it, \
-                         and as its container's PID 1 the kernel dropped it for {program} too"
+                         and as its container's PID 1 it would have ignored it (said once)"
                     );
                 }
             }

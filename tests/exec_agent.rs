@@ -338,6 +338,7 @@ async fn sigterm_reaches_the_command_and_its_exit_code_is_the_containers() {
 /// USR1 and not TERM (a non-interactive `sh` installs no handler for it): TERM must leave it
 /// running, and the USR1 after it end it with its own exit code. (Outside a namespace's init
 /// every signal is forwarded: `sigterm_reaches_the_command_and_its_exit_code_is_the_containers`.)
+/// Needs root for the PID namespace, as CI runs; fails without it.
 #[tokio::test]
 async fn as_pid_1_the_agent_forwards_only_the_signals_the_command_catches() {
     let dir = tempfile::tempdir().unwrap();
@@ -358,6 +359,8 @@ async fn as_pid_1_the_agent_forwards_only_the_signals_the_command_catches() {
         .arg(&socket)
         .args(["--", "sh", "-c", &script])
         .stderr(std::fs::File::create(&log).unwrap())
+        // The log line below is at info, the agent's default level, whatever the caller's.
+        .env_remove("RUST_LOG")
         .process_group(0);
     let (child, exit) = reaper::spawn(&mut unshare).unwrap();
     let unshare_pid = Pid::from_raw(child.id() as i32);
@@ -486,9 +489,15 @@ async fn orphans_in_the_container_are_adopted_and_reaped_by_the_agent() {
 async fn started_with_sigchld_blocked_the_agent_still_sees_its_command_exit() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
+    let go = dir.path().join("go");
     let launcher = "import os, signal, sys\n\
                     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})\n\
                     os.execv(sys.argv[1], sys.argv[1:])";
+    // The command exits once told to, after the agent's mask has been read.
+    let command = format!(
+        "while [ ! -e {} ]; do sleep 0.02; done; exit 4",
+        go.display()
+    );
     let mut agent = Command::new("python3");
     agent
         .args([
@@ -499,16 +508,60 @@ async fn started_with_sigchld_blocked_the_agent_still_sees_its_command_exit() {
             "--socket",
         ])
         .arg(&socket)
-        .args(["--", "sh", "-c", "sleep 0.2; exit 4"]);
+        .args(["--", "sh", "-c", &command]);
     let (child, exit) = reaper::spawn(&mut agent).unwrap();
     let pid = Pid::from_raw(child.id() as i32);
     drop(child);
     let mut guard = KillOnDrop(Some(pid));
+    until_exists(&socket, "the agent's socket").await;
+    // The premise: the agent's main thread runs with SIGCHLD blocked, as the launcher left it.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let blocked = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap();
+    assert_ne!(
+        blocked & (1 << (Signal::SIGCHLD as i32 - 1)),
+        0,
+        "SIGCHLD is not blocked in the agent: {blocked:x}"
+    );
+    std::fs::write(&go, "").unwrap();
     let status = tokio::time::timeout(10 * SEC, exit.wait())
         .await
         .expect("the agent did not see its command exit within 10 s");
     guard.0 = None;
     assert_eq!(status, Some(WaitStatus::Exited(pid, 4)));
+}
+
+/// An agent whose command runs and who serves no probe spends nothing: its reaper thread
+/// sleeps until a child exits, with no timer waking it (one agent per pod waits days so).
+/// Read from the thread's voluntary context switches over 3 s: a wake-up a second would be
+/// three at least.
+#[tokio::test]
+async fn an_idle_agents_reaper_does_not_wake() {
+    let agent = Agent::start(IDLE).await;
+    let tasks = format!("/proc/{}/task", agent.pid);
+    let reaper_status = std::fs::read_dir(&tasks)
+        .unwrap()
+        .map(|task| task.unwrap().path())
+        .find(|task| {
+            std::fs::read_to_string(task.join("comm")).is_ok_and(|c| c.trim() == "podprobe-reaper")
+        })
+        .expect("the agent's podprobe-reaper thread")
+        .join("status");
+    let switches = || {
+        let status = std::fs::read_to_string(&reaper_status).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    let before = switches();
+    tokio::time::sleep(3 * SEC).await;
+    let woke = switches() - before;
+    assert!(woke <= 1, "the idle reaper woke {woke} times in 3 s");
 }
 
 /// Runs `podprobe agent --socket SOCKET -- COMMAND` to its end: its pid and exit status.
