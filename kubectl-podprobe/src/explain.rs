@@ -226,8 +226,8 @@ fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
 const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
 
 /// Per container that exec probes target: where their command runs, and what it costs. Never
-/// a broken link: every path runs the probes. None without podprobe's sidecar: then
-/// kruise-daemon or a provider runs the probes, and the sidecar link says what is missing.
+/// a broken link: every path runs the probes. None without podprobe's sidecar: podprobe runs
+/// none of the pod's probes then, and the sidecar link says what is missing.
 fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
     let on_virtual_node = matches!(inspect::node_kind(facts, settings), NodeKind::Serverless(_));
     let pod = &facts.pod;

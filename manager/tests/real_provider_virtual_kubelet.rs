@@ -362,9 +362,17 @@ async fn with_the_exec_agent_always_azure_aci_rules_accept_the_wrapped_pod() {
         "the container's command wrapped: {command:?}"
     );
     assert_eq!(main.args.as_deref(), Some(&["--serve".to_string()][..]));
-    let agents = injected_container(&pod).env.iter().flatten();
-    let agents: Vec<_> = agents.filter(|e| e.name == agent::AGENTS_ENV).collect();
-    assert_eq!(agents[0].value.as_deref(), Some("main"));
+    let env = injected_container(&pod).env.iter().flatten();
+    let agents: Vec<_> = env
+        .filter(|e| e.name == agent::AGENTS_ENV)
+        .map(|e| e.value.as_deref())
+        .collect();
+    assert_eq!(
+        agents,
+        [Some("main")],
+        "the sidecar's {}",
+        agent::AGENTS_ENV
+    );
 
     let ran = wait_running(&running, "game-0").await;
     assert_eq!(
