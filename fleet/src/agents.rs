@@ -8,13 +8,12 @@
 //! that pod looks for it. The agents start, and their sockets exist, before any sidecar: a
 //! container's main process starts before a sidecar's first probe reaches it.
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use testkit::real::usage::CpuGroup;
+use testkit::real::cpu_group::CpuGroup;
 
 use crate::FleetError;
 use crate::children::Children;
@@ -119,13 +118,14 @@ impl Agents {
             let socket = podprobe::probe::exec::agent::socket_path(dir, CONTAINER);
             let socket_dir = socket.parent().unwrap_or(dir);
             std::fs::create_dir_all(socket_dir)?;
-            let log = std::fs::File::create(work.join(&pod.name).join("agent.log"))?;
-            let mut args: Vec<&OsStr> = ["agent", "--socket"].map(OsStr::new).to_vec();
-            args.push(socket.as_os_str());
-            args.push(OsStr::new("--"));
-            args.extend(GAME_SERVER.map(OsStr::new));
-            let pid = agents.children.spawn(binary, args, Some(socket_dir), log)?;
-            // Before its socket exists, so before any probe: every command it runs counts.
+            let log = work.join(&pod.name).join("agent.log");
+            let mut args = vec!["agent".to_owned(), "--socket".to_owned()];
+            args.push(socket.display().to_string());
+            args.push("--".to_owned());
+            args.extend(GAME_SERVER.map(str::to_owned));
+            let pid = agents.children.spawn(binary, &args, log)?;
+            // Before its socket exists, so before any probe: every probe command it runs
+            // counts (its game server may have started outside the group; it sleeps).
             cpu.add(pid)?;
             sockets.push(socket);
         }

@@ -1,10 +1,11 @@
-//! Processes the bench starts and owns (sidecar hosts, exec agents): each under `setpriv
-//! --pdeathsig KILL`, so the kernel kills it if the bench dies; killed and waited for when
-//! dropped; an early exit is an error, since each runs until the bench ends.
+//! Processes the bench starts and owns (sidecar hosts, exec agents), as testkit's
+//! [`Daemon`]s: each under `setpriv --pdeathsig KILL`, so the kernel kills it if the bench
+//! dies, and killed when dropped; an early exit is an error, since each runs until the bench
+//! ends.
 
-use std::ffi::OsStr;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+
+use testkit::real::process::Daemon;
 
 use crate::FleetError;
 
@@ -12,7 +13,7 @@ use crate::FleetError;
 pub struct Children {
     /// What they are, for errors: "sidecar host", "exec agent".
     what: &'static str,
-    list: Vec<Child>,
+    list: Vec<Daemon>,
 }
 
 impl Children {
@@ -23,58 +24,35 @@ impl Children {
         }
     }
 
-    /// Starts `binary args...` in `dir` (the bench's own when `None`), its stderr to `log`;
-    /// returns its pid.
-    pub fn spawn<S: AsRef<OsStr>>(
+    /// Starts `binary args...`, its output to `log`; returns its pid.
+    pub fn spawn(
         &mut self,
         binary: &Path,
-        args: impl IntoIterator<Item = S>,
-        dir: Option<&Path>,
-        log: std::fs::File,
+        args: &[String],
+        log: PathBuf,
     ) -> Result<u32, FleetError> {
-        let mut command = Command::new("setpriv");
-        command
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(binary)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
-        if let Some(dir) = dir {
-            command.current_dir(dir);
-        }
-        let child = command
-            .spawn()
-            .map_err(|e| FleetError::Setup(format!("{}: {e}", binary.display())))?;
-        let pid = child.id();
-        self.list.push(child);
+        let daemon = Daemon::spawn(self.what, binary, args, log)?;
+        let pid = daemon.pid();
+        self.list.push(daemon);
         Ok(pid)
     }
 
     pub fn pids(&self) -> Vec<u32> {
-        self.list.iter().map(Child::id).collect()
+        self.list.iter().map(Daemon::pid).collect()
     }
 
     /// Fails when one has exited.
     pub fn check_running(&mut self) -> Result<(), FleetError> {
-        for child in &mut self.list {
-            if let Some(status) = child.try_wait()? {
+        for daemon in &mut self.list {
+            if let Some(status) = daemon.exited() {
                 return Err(FleetError::Setup(format!(
-                    "{} {} exited: {status}",
+                    "{} {} exited: {status}; its log ends:\n{}",
                     self.what,
-                    child.id()
+                    daemon.pid(),
+                    daemon.log_tail(10)
                 )));
             }
         }
         Ok(())
-    }
-}
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for child in &mut self.list {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }

@@ -17,6 +17,7 @@ use testkit::real::virtual_kubelet::{Provider, VirtualKubelet};
 use testkit::real::{ControlPlane, sidecar_rbac};
 
 use crate::FleetError;
+use crate::agents::CONTAINER;
 use crate::http::get;
 use crate::pods::pod_template;
 
@@ -190,14 +191,14 @@ fn podprobemarker((http_port, tcp_port): (u16, u16), periods: Periods) -> Value 
         "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
         "metadata": {"name": "fleet", "namespace": NS},
         "spec": {"selector": {"matchLabels": {"app": "fleet"}}, "probes": [
-            {"name": "idle", "containerName": "main", "podConditionType": CONDITION,
+            {"name": "idle", "containerName": CONTAINER, "podConditionType": CONDITION,
              "probe": {"httpGet": {"path": "/idle", "port": http_port, "scheme": "HTTP"},
                        "periodSeconds": periods.http},
              "markerPolicy": [{"state": "Succeeded", "labels": {MARKER: "true"}},
                               {"state": "Failed", "labels": {MARKER: "false"}}]},
-            {"name": "port", "containerName": "main", "podConditionType": CONDITIONS[1],
+            {"name": "port", "containerName": CONTAINER, "podConditionType": CONDITIONS[1],
              "probe": {"tcpSocket": {"port": tcp_port}, "periodSeconds": periods.tcp}},
-            {"name": "alive", "containerName": "main", "podConditionType": EXEC_CONDITION,
+            {"name": "alive", "containerName": CONTAINER, "podConditionType": EXEC_CONDITION,
              "probe": {"exec": {"command": ["true"]}, "periodSeconds": periods.exec}},
         ]}
     })

@@ -6,8 +6,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use testkit::real::cpu_group::CpuGroup;
 use testkit::real::metrics::{self, RequestCounts};
-use testkit::real::usage::{ConnectionTable, CpuGroup, cores, cpu_ticks, rss_kib};
+use testkit::real::usage::{ConnectionTable, cores, cpu_ticks, rss_kib};
 
 use crate::FleetError;
 use crate::agents::Agents;

@@ -72,13 +72,12 @@ pub fn options(
             Some(_) => ExecMode::Auto,
             None => ExecMode::Local,
         },
-        exec_agent: AgentExec {
-            dir: pod.agent_dir.clone().unwrap_or_default(),
-            containers: pod
-                .agent_dir
-                .iter()
-                .map(|_| crate::agents::CONTAINER.to_owned())
-                .collect(),
+        exec_agent: match &pod.agent_dir {
+            Some(dir) => AgentExec {
+                dir: dir.clone(),
+                containers: vec![crate::agents::CONTAINER.to_owned()],
+            },
+            None => AgentExec::default(),
         },
         overwrite_repair,
     }
@@ -123,8 +122,10 @@ impl Hosts {
             };
             let path = work.join(format!("host-{n}.json"));
             std::fs::write(&path, serde_json::to_vec(&spec)?)?;
-            let log = std::fs::File::create(work.join(format!("host-{n}.log")))?;
-            hosts.children.spawn(binary, [&path], None, log)?;
+            let log = work.join(format!("host-{n}.log"));
+            hosts
+                .children
+                .spawn(binary, &[path.display().to_string()], log)?;
         }
         Ok(hosts)
     }

@@ -22,6 +22,7 @@
 //! ```
 
 pub mod audit;
+pub mod cpu_group;
 pub mod fault_proxy;
 mod kruise;
 pub mod kruise_game;
