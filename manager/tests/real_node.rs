@@ -272,14 +272,27 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     let reads = by_sidecar("get", Some("game-0"));
     println!("the sidecar read its pod {reads} times");
     assert!((2..=20).contains(&reads), "{reads} reads of the pod");
+    // With the file source the sidecar learns of the deletion from its next read of the pod
+    // or from its SIGTERM, and the kubelet stops the game server first: the probes' failures
+    // in between may still be written (a patch, and one at the SIGTERM's flush; a CI run on a
+    // loaded machine saw one). Nothing else: no write of another kind, no third patch.
     let late: Vec<_> = audit[deleted..]
         .iter()
         .filter(|e| e.user.username == sidecar_user && e.verb != "watch" && e.verb != "get")
-        .map(|e| &e.request_uri)
         .collect();
+    let late_uris: Vec<_> = late.iter().map(|e| &e.request_uri).collect();
+    println!("the sidecar's writes after the deletion: {late_uris:?}");
+    let status_patches = late
+        .iter()
+        .filter(|e| e.is("patch", "pods/status", Some("game-0")))
+        .count();
+    let events = late
+        .iter()
+        .filter(|e| e.is("create", "events", None) || e.is("patch", "events", None))
+        .count();
     assert!(
-        late.is_empty(),
-        "the sidecar wrote after the deletion: {late:?}"
+        status_patches <= 2 && status_patches + events == late.len(),
+        "the sidecar wrote after the deletion more than the game server's stop: {late_uris:?}"
     );
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
