@@ -104,6 +104,10 @@ build k8s "promtool" "-s -w" "$out/promtool" -tags remove_all_sd \
 # libraries: this tree), its own node agent with the mock provider; v1.11.0 is on k8s-oldest.
 build k8s "virtual-kubelet v1.14.1" "-s -w" "$out/virtual-kubelet-v1.14.1" \
   github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet
+# vk-cri (hack/k8s-oldest/vkcri, linked here as vkcri): a provider that runs its pods on a
+# node's containerd through CRI, on this tree's library v1.14.1 (the tag picks its one
+# version-specific file); the same source on v1.11.0 below.
+build k8s "vk-cri on virtual-kubelet v1.14.1" "-s -w" "$out/vk-cri-v1.14.1" -tags vk_v1_14 ./vkcri
 
 # hack/kruise: OpenKruise v1.9.1's tree (its own replace list, Kubernetes libraries v0.32.10).
 # kruise-daemon runs PodProbeMarker probes on ordinary nodes (CRI ExecSync), for the
@@ -117,15 +121,17 @@ mv "$work/kruise/daemon" "$out/kruise-daemon"
 # OpenKruise v1.8.0 (the first release with the serverless protocol); the virtual-kubelet
 # library's own node agent (`--provider mock`: the library reports the pods' status) with the
 # smallest provider that does not notify (hack/k8s-oldest/replacer: the library copies its
-# status, Ready, Initialized and PodScheduled only, over the pods every 5 s, as azure-aci's does).
+# status, Ready, Initialized and PodScheduled only, over the pods every 5 s, as azure-aci's does);
+# vk-cri, the provider that runs its pods (hack/k8s-oldest/vkcri), on this library v1.11.0.
 build k8s-oldest "kube-apiserver $oldest_version" "$(k8s_ldflags "$oldest_version")" \
   "$out/kube-apiserver-$oldest_version" k8s.io/kubernetes/cmd/kube-apiserver
-build k8s-oldest "kruise-manager v1.8.0, virtual-kubelet, vk-replacer" "-s -w" "$work/oldest/" \
+build k8s-oldest "kruise-manager v1.8.0, virtual-kubelet, vk-replacer, vk-cri" "-s -w" "$work/oldest/" \
   github.com/openkruise/kruise github.com/virtual-kubelet/virtual-kubelet/cmd/virtual-kubelet \
-  ./replacer
+  ./replacer ./vkcri
 mv "$work/oldest/kruise" "$out/kruise-manager-v1.8.0"
 mv "$work/oldest/virtual-kubelet" "$out/virtual-kubelet"
 mv "$work/oldest/replacer" "$out/vk-replacer"
+mv "$work/oldest/vkcri" "$out/vk-cri"
 
 # hack/kruise-game: OpenKruise Game's manager, on a tree of its own (Kubernetes libraries
 # v0.31, controller-runtime v0.19: hack/README.md says why it joins neither neighbour).

@@ -51,7 +51,9 @@ pub use kruise::{
     KruiseAddrs, KruiseRelease,
 };
 pub use kruise_game::KruiseGame;
-pub use node::{KruiseDaemon, Leftovers, Node, NodeNetwork, NodeOptions, ServiceRange};
+pub use node::{
+    KruiseDaemon, Leftovers, Library, Node, NodeNetwork, NodeOptions, ServiceRange, VirtualAgent,
+};
 pub use pki::{CertPair, Pki};
 use process::Daemon;
 

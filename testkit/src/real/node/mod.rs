@@ -22,6 +22,7 @@ mod config;
 pub mod images;
 mod kruise_daemon;
 mod network;
+pub mod virtual_agent;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,7 @@ pub use config::{KUBELET_PORT, POD_SUBNET};
 pub use kruise_daemon::KruiseDaemon;
 pub use network::NodeNetwork;
 pub use network::ServiceRange;
+pub use virtual_agent::{Library, VirtualAgent};
 
 use super::process::Daemon;
 use super::{ControlPlane, Error, KUBE_PROXY_TOKEN, NODE_NAME, NODE_TOKEN, tools};
@@ -53,6 +55,9 @@ pub struct NodeOptions {
     /// kube-controller-manager controllers to run besides those a node's pods need
     /// (`serviceaccount`, `root-ca-cert-publisher`).
     pub controllers: Vec<&'static str>,
+    /// A virtual-kubelet provider that runs the pods on the node's containerd instead of a
+    /// kubelet ([`VirtualAgent`]); `None`: a kubelet.
+    pub virtual_agent: Option<VirtualAgent>,
 }
 
 /// A running node; stop it with [`Node::stop`] (dropping it cleans up too, without waiting
@@ -61,8 +66,10 @@ pub struct NodeOptions {
 pub struct Node {
     // Field order is drop order: the node's daemons, its network, its directory.
     kube_proxy: Option<Daemon>,
+    /// The kubelet, or the virtual node's provider.
     kubelet: Option<Daemon>,
     containerd: Option<Daemon>,
+    name: &'static str,
     /// Set once [`Node::teardown`] ran (by `stop`), so dropping does not repeat it.
     torn_down: bool,
     network: NodeNetwork,
@@ -104,10 +111,15 @@ impl Node {
         let dir = tempfile::Builder::new()
             .prefix("podprobe-node-")
             .tempdir()?;
+        let name = options
+            .virtual_agent
+            .as_ref()
+            .map_or(NODE_NAME, VirtualAgent::node_name);
         let mut node = Node {
             kube_proxy: None,
             kubelet: None,
             containerd: None,
+            name,
             torn_down: false,
             network,
             dir,
@@ -122,6 +134,12 @@ impl Node {
         controllers.extend(&options.controllers);
         cp.start_controller_manager(&controllers)?;
         node.start_kube_proxy(cp)?;
+        if let Some(agent) = &options.virtual_agent {
+            virtual_agent::bind_agent_user(cp).await?;
+            node.start_virtual_agent(cp, agent)?;
+            node.wait_ready(cp).await?;
+            return Ok(node);
+        }
         let one_kubelet_starting = kubelet_start_lock().await?;
         node.start_kubelet(cp, &options)?;
         node.wait_ready(cp).await?;
@@ -130,7 +148,7 @@ impl Node {
     }
 
     pub fn name(&self) -> &'static str {
-        NODE_NAME
+        self.name
     }
 
     pub fn network(&self) -> &NodeNetwork {
@@ -238,7 +256,7 @@ impl Node {
         cp.write_kubeconfig_for_token(&kubeconfig, KUBE_PROXY_TOKEN)?;
         let args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--hostname-override={NODE_NAME}"),
+            format!("--hostname-override={}", self.name),
             "--proxy-mode=iptables".to_owned(),
             format!("--cluster-cidr={POD_SUBNET}"),
             // The conntrack table size is a host-wide sysctl: leave it alone.
@@ -285,6 +303,32 @@ impl Node {
         Ok(())
     }
 
+    fn start_virtual_agent(
+        &mut self,
+        cp: &ControlPlane,
+        agent: &VirtualAgent,
+    ) -> Result<(), Error> {
+        cleanup::create_cgroup_root(&self.cgroup_root())?;
+        let (program, args, env) = agent.command(
+            cp,
+            self.dir.path(),
+            &self.socket(),
+            self.network.node_ip(),
+            &self.cgroup_root(),
+        )?;
+        let log = self.dir.path().join("vk-cri.log");
+        let daemon = Daemon::spawn_in(
+            "vk-cri",
+            Some(self.network.netns()),
+            &program,
+            &args,
+            &env,
+            log,
+        )?;
+        self.kubelet = Some(daemon);
+        Ok(())
+    }
+
     /// One of the node's daemons, in its network namespace, logging to `<dir>/<name>.log`.
     fn spawn(&self, name: &'static str, program: &Path, args: &[String]) -> Result<Daemon, Error> {
         let log = self.dir.path().join(format!("{name}.log"));
@@ -317,7 +361,7 @@ impl Node {
         loop {
             self.check_alive()?;
             let ready = nodes
-                .get_opt(NODE_NAME)
+                .get_opt(self.name)
                 .await?
                 .is_some_and(|n| is_ready(&n));
             if ready && self.service_routed()? {
@@ -330,8 +374,9 @@ impl Node {
                     .map(|k| k.log_tail(30))
                     .unwrap_or_default();
                 return Err(Error::Other(format!(
-                    "node {NODE_NAME} was not Ready with the kubernetes Service routed within {LIMIT:?}; \
-                     the kubelet's log ends:\n{kubelet}"
+                    "node {} was not Ready with the kubernetes Service routed within {LIMIT:?}; \
+                     its agent's log ends:\n{kubelet}",
+                    self.name
                 )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -359,10 +404,10 @@ impl Node {
     pub async fn stop(mut self, cp: &ControlPlane) -> Result<Leftovers, Error> {
         let cordon = json!({"spec": {"unschedulable": true}});
         Api::<NodeObject>::all(cp.client())
-            .patch(NODE_NAME, &PatchParams::default(), &Patch::Merge(&cordon))
+            .patch(self.name, &PatchParams::default(), &Patch::Merge(&cordon))
             .await?;
         let pods: Api<Pod> = Api::all(cp.client());
-        let on_node = ListParams::default().fields(&format!("spec.nodeName={NODE_NAME}"));
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.name));
         for pod in pods.list(&on_node).await? {
             let namespace = pod.metadata.namespace.clone().unwrap_or_default();
             let name = pod.metadata.name.clone().unwrap_or_default();
@@ -374,7 +419,8 @@ impl Node {
         while !pods.list(&on_node).await?.items.is_empty() {
             if started.elapsed() > LIMIT {
                 return Err(Error::Other(format!(
-                    "the kubelet did not finish deleting node {NODE_NAME}'s pods within {LIMIT:?}"
+                    "the node agent did not finish deleting node {}'s pods within {LIMIT:?}",
+                    self.name
                 )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;

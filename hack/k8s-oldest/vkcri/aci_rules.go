@@ -1,0 +1,1 @@
+../replacer/aci_rules.go

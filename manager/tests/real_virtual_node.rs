@@ -1,0 +1,232 @@
+//! podprobe on a virtual node that runs the pod: `vk-cri` (hack/k8s-oldest/vkcri), a
+//! virtual-kubelet provider on the real library that runs each pod as a CRI sandbox on the
+//! lab's containerd and runc, with its own network namespace on the node's CNI bridge. The
+//! chart is installed with its defaults; the pod is admitted by the real webhook, held by the
+//! token gate until the manager issues its token, placed by kube-scheduler on the virtual node
+//! (it tolerates the node's taint and selects `type=virtual-kubelet`, as users' pods for
+//! virtual nodes do), and run there: the injected sidecar and the game server as containers
+//! of one pod, the sidecar reaching the game over the pod's own network and the apiserver
+//! with the token the provider copied from the issued Secret, exec probes through
+//! `pods/exec`, the library and the provider's CRI exec, while the provider writes its own
+//! status over the pod's every 5 s.
+
+mod cluster;
+mod installed;
+mod on_node;
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use podprobe_manager::webhook::Mode;
+use serde_json::json;
+use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
+use testkit::real::{ControlPlane, Node, NodeNetwork, NodeOptions, VirtualAgent};
+
+use installed::{NS, Running, install_and_run_with};
+use on_node::{SIDECAR, container_id, exec, logs, restart_count, wait_for};
+use support::{annotation, condition_status, label};
+
+const IDLE: &str = "game.kruise.io/idle";
+const HEALTHY: &str = "game.kruise.io/healthy";
+const ACCEPTING: &str = "game.kruise.io/accepting";
+const SERVING: &str = "game.kruise.io/serving";
+const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+const ALL: [&str; 4] = [IDLE, HEALTHY, ACCEPTING, SERVING];
+
+/// The virtual node (`agent`) with kube-scheduler, and the chart in `mode` with its defaults
+/// but for the sidecar image, which is the one built here.
+async fn virtual_node_and_chart(agent: VirtualAgent, mode: Mode) -> (Running, Node) {
+    let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
+    let mut cp = ControlPlane::start_on(network.host_ip())
+        .await
+        .unwrap_or_else(|e| panic!("control plane: {e}"));
+    let options = NodeOptions {
+        virtual_agent: Some(agent),
+        // Lifts the not-ready taint the apiserver gives a new node, which kube-scheduler
+        // respects.
+        controllers: vec!["node-lifecycle-controller"],
+        ..NodeOptions::default()
+    };
+    let node = Node::start(&mut cp, network, options)
+        .await
+        .unwrap_or_else(|e| panic!("virtual node: {e}"));
+    cp.start_scheduler()
+        .unwrap_or_else(|e| panic!("kube-scheduler: {e}"));
+    if mode == Mode::Companion {
+        cp.start_kruise_manager()
+            .await
+            .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
+    }
+    let image = format!("injection.config.image={SIDECAR_IMAGE}");
+    let running = install_and_run_with(cp, mode, &["--set", &image]).await;
+    (running, node)
+}
+
+/// The example game server's probes with the idle recipe's markers; named ports, which the
+/// virtual-node shape's api source reads from the pod spec.
+fn game_ppm() -> podprobe_manager::crd::PodProbeMarker {
+    let probe = |name: &str, condition: &str, probe: serde_json::Value| {
+        let mut probe = probe;
+        probe["periodSeconds"] = json!(1);
+        probe["failureThreshold"] = json!(1);
+        json!({"name": name, "containerName": "game", "podConditionType": condition, "probe": probe})
+    };
+    let mut idle = probe(
+        "idle",
+        IDLE,
+        json!({"exec": {"command": ["sh", "-c", "test -f /var/run/game/idle"]}}),
+    );
+    idle["probe"]["periodSeconds"] = json!(2);
+    idle["markerPolicy"] = json!([
+        {"state": "Succeeded", "labels": {IDLE: "true"}, "annotations": {DELETION_COST: "-100"}},
+        {"state": "Failed", "labels": {IDLE: "false"}, "annotations": {DELETION_COST: "100"}}
+    ]);
+    support::ppm(&json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
+        "metadata": {"name": "game", "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": "game"}}, "probes": [
+            idle,
+            probe("healthy", HEALTHY, json!({"httpGet": {"path": "/healthz", "port": "http", "scheme": "HTTP"}})),
+            probe("accepting", ACCEPTING, json!({"tcpSocket": {"port": "game"}})),
+            probe("serving", SERVING, json!({"grpc": {"port": 9090, "service": "game"}})),
+        ]}
+    }))
+}
+
+/// The game server for a virtual node: no node named, the node's taint tolerated and its
+/// label selected, as users write pods for AKS virtual nodes.
+fn game_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "game"}},
+        "spec": {"serviceAccountName": "podprobe-sidecar",
+                 "terminationGracePeriodSeconds": 10,
+                 "nodeSelector": {"type": "virtual-kubelet"},
+                 "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists",
+                                  "effect": "NoSchedule"}],
+                 "containers": [{"name": "game", "image": GAMESERVER_IMAGE,
+                    "ports": [{"name": "game", "containerPort": 7777},
+                              {"name": "http", "containerPort": 8080},
+                              {"name": "grpc", "containerPort": 9090}]}]}
+    }))
+    .unwrap()
+}
+
+async fn create_admitted(cp: &ControlPlane, pod: &Pod) -> Api<Pod> {
+    cp.wait_admission(pod, |p| annotation(p, support::PODPROBE).is_some())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    pods.create(&PostParams::default(), pod).await.unwrap();
+    pods
+}
+
+fn game_up(pod: &Pod) -> bool {
+    [HEALTHY, ACCEPTING, SERVING]
+        .iter()
+        .all(|c| condition_status(pod, c).as_deref() == Some("True"))
+        && condition_status(pod, IDLE).as_deref() == Some("False")
+}
+
+fn node_name(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
+fn pod_ip(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.pod_ip.as_deref()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_runs_the_injected_pod_and_its_probes() {
+    let agent = VirtualAgent::default();
+    let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
+    let cp = &running.cp;
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &game_ppm())
+        .await
+        .unwrap();
+    let pods = create_admitted(cp, &game_pod("game-0")).await;
+
+    // Scheduled by kube-scheduler to the virtual node, run there as two containers of one
+    // pod with an address of the node's pod network, the probes written.
+    let up = wait_for(
+        &pods,
+        "game-0",
+        "probes written on the virtual node",
+        game_up,
+    )
+    .await;
+    assert_eq!(node_name(&up), Some(node.name()));
+    let ip = pod_ip(&up).expect("the pod's address");
+    assert!(
+        ip.starts_with("10.244."),
+        "an address on the node's CNI bridge: {ip}"
+    );
+    assert!(container_id(&up, SIDECAR).is_some() && container_id(&up, "game").is_some());
+    let sidecar_log = logs(&pods, "game-0", SIDECAR).await;
+    assert!(
+        sidecar_log.contains("reads its probes from the apiserver"),
+        "the virtual-node shape's source:\n{sidecar_log}"
+    );
+    let markers = wait_for(&pods, "game-0", "Failed markers", |p| {
+        label(p, IDLE).as_deref() == Some("false")
+    })
+    .await;
+    assert_eq!(annotation(&markers, DELETION_COST).as_deref(), Some("100"));
+
+    // The exec probe runs in the game container through pods/exec, the library and the
+    // provider's CRI exec: the idle file the test writes there (the same way) is seen.
+    exec(&pods, "game-0", "game", "touch /var/run/game/idle").await;
+    let idle = wait_for(&pods, "game-0", "idle markers", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+            && label(p, IDLE).as_deref() == Some("true")
+    })
+    .await;
+    assert_eq!(annotation(&idle, DELETION_COST).as_deref(), Some("-100"));
+
+    // Draining: http and gRPC fail, tcp still accepts.
+    exec(&pods, "game-0", "game", "touch /var/run/game/unhealthy").await;
+    wait_for(&pods, "game-0", "unhealthy", |p| {
+        condition_status(p, HEALTHY).as_deref() == Some("False")
+            && condition_status(p, SERVING).as_deref() == Some("False")
+            && condition_status(p, ACCEPTING).as_deref() == Some("True")
+    })
+    .await;
+    exec(&pods, "game-0", "game", "rm /var/run/game/unhealthy").await;
+    let healthy = wait_for(&pods, "game-0", "healthy again", |p| {
+        condition_status(p, HEALTHY).as_deref() == Some("True")
+    })
+    .await;
+
+    // The game container is killed: the provider starts a new one (restartPolicy Always);
+    // the probes fail while it is gone, and the new one is not idle.
+    let old_game = container_id(&healthy, "game").unwrap();
+    let killed = node
+        .ctr()
+        .args(["tasks", "kill", "--signal", "SIGKILL", &old_game])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "ctr tasks kill {old_game}");
+    let restarted = wait_for(&pods, "game-0", "the new container's results", |p| {
+        restart_count(p, "game") == 1 && game_up(p) && label(p, IDLE).as_deref() == Some("false")
+    })
+    .await;
+    assert_ne!(container_id(&restarted, "game").unwrap(), old_game);
+
+    // Deleted: the provider stops the containers with the grace period and the library
+    // removes the pod once they have stopped.
+    pods.delete("game-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let gone = async {
+        while pods.get_opt("game-0").await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), gone)
+        .await
+        .expect("the pod deleted within 60 s");
+    let _ = ALL;
+}
