@@ -23,6 +23,7 @@ use kube::api::{DeleteParams, PostParams};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
+use testkit::real::virtual_kubelet::VIRTUAL_KUBELET_USER;
 use testkit::real::{ControlPlane, Node, NodeNetwork, NodeOptions, VirtualAgent};
 
 use installed::{NS, Running, install_and_run_with};
@@ -215,6 +216,24 @@ async fn virtual_node_runs_the_injected_pod_and_its_probes() {
     .await;
     assert_ne!(container_id(&restarted, "game").unwrap(), old_game);
 
+    // After a change (the restart), for 30 s: the provider sends its own status every 5 s
+    // and the library writes it over the pod's whole status; the sidecar (its default
+    // `--overwrite-repair after-change`) writes its conditions back at once.
+    let replaced_before = status_replacements(cp, "game-0");
+    let present = presence(&pods, "game-0", Duration::from_secs(30)).await;
+    let replaced = status_replacements(cp, "game-0") - replaced_before;
+    eprintln!(
+        "conditions present in {present:.2} % of samples over 30 s, the provider's status written {replaced} times"
+    );
+    assert!(
+        replaced >= 4,
+        "the provider's status was written {replaced} times in 30 s"
+    );
+    assert!(
+        present >= 99.0,
+        "conditions present in {present:.2} % of samples"
+    );
+
     // Deleted: the provider stops the containers with the grace period and the library
     // removes the pod once they have stopped.
     pods.delete("game-0", &DeleteParams::default())
@@ -228,5 +247,74 @@ async fn virtual_node_runs_the_injected_pod_and_its_probes() {
     tokio::time::timeout(Duration::from_secs(60), gone)
         .await
         .expect("the pod deleted within 60 s");
-    let _ = ALL;
+}
+
+/// How often the node's agent has written `pod`'s status (the audit log).
+fn status_replacements(cp: &ControlPlane, pod: &str) -> usize {
+    let events = cp.audit().unwrap();
+    events
+        .iter()
+        .filter(|e| e.user.username == VIRTUAL_KUBELET_USER && e.verb == "update")
+        .filter(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.subresource == "status" && o.name == pod)
+        })
+        .count()
+}
+
+/// The share of samples (one every 100 ms for `window`) in which the pod shows all four
+/// probe conditions, in percent.
+async fn presence(pods: &Api<Pod>, name: &str, window: Duration) -> f64 {
+    let (mut samples, mut present) = (0u32, 0u32);
+    let end = tokio::time::Instant::now() + window;
+    let mut every = tokio::time::interval(Duration::from_millis(100));
+    while tokio::time::Instant::now() < end {
+        every.tick().await;
+        let pod = pods.get(name).await.unwrap();
+        samples += 1;
+        if ALL.iter().all(|c| condition_status(&pod, c).is_some()) {
+            present += 1;
+        }
+    }
+    f64::from(present) * 100.0 / f64::from(samples)
+}
+
+/// On azure-aci's library (v1.11.0) with its rules, volumes and exec: the injected pod passes
+/// the rules and runs, tcp, http and gRPC probes hold, and an exec probe through `pods/exec`
+/// reads success whatever the command does: azure-aci joins the command into one string,
+/// which ACI starts as a single program (here no such file), and reports no exit status.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_aci_exec_through_pods_exec_reports_success_whatever_the_command() {
+    let agent = VirtualAgent {
+        library: testkit::real::Library::V1_11,
+        aci: true,
+        ..VirtualAgent::default()
+    };
+    let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
+    let cp = &running.cp;
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &game_ppm())
+        .await
+        .unwrap();
+    let pods = create_admitted(cp, &game_pod("game-0")).await;
+    let up = wait_for(&pods, "game-0", "probes written on the aci node", |p| {
+        [HEALTHY, ACCEPTING, SERVING]
+            .iter()
+            .all(|c| condition_status(p, c).as_deref() == Some("True"))
+            && condition_status(p, IDLE).is_some()
+    })
+    .await;
+    assert_eq!(node_name(&up), Some(node.name()));
+    // The game is not idle (no /var/run/game/idle), yet the probe's `sh -c 'test -f ...'`,
+    // sent as the one program name "sh -c test -f /var/run/game/idle", is read as a success.
+    let idle = wait_for(&pods, "game-0", "the idle probe's result", |p| {
+        label(p, IDLE).is_some()
+    })
+    .await;
+    assert_eq!(
+        condition_status(&idle, IDLE).as_deref(),
+        Some("True"),
+        "azure-aci's exec reports no exit status"
+    );
 }

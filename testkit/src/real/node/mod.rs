@@ -309,7 +309,7 @@ impl Node {
         agent: &VirtualAgent,
     ) -> Result<(), Error> {
         cleanup::create_cgroup_root(&self.cgroup_root())?;
-        let (program, args, env) = agent.command(
+        let command = agent.command(
             cp,
             self.dir.path(),
             &self.socket(),
@@ -320,9 +320,9 @@ impl Node {
         let daemon = Daemon::spawn_in(
             "vk-cri",
             Some(self.network.netns()),
-            &program,
-            &args,
-            &env,
+            &command.program,
+            &command.args,
+            &command.env,
             log,
         )?;
         self.kubelet = Some(daemon);
@@ -389,7 +389,8 @@ impl Node {
         Ok(rules.contains("default/kubernetes:https") && rules.contains("KUBE-SEP-"))
     }
 
-    /// The last lines of the kubelet's log (for failure messages).
+    /// The last lines of the kubelet's log, or the virtual node's provider's (for failure
+    /// messages).
     pub fn kubelet_log_tail(&self, lines: usize) -> String {
         self.kubelet
             .as_ref()

@@ -72,7 +72,7 @@ impl VirtualAgent {
         socket: &Path,
         node_ip: std::net::Ipv4Addr,
         cgroup_root: &str,
-    ) -> Result<(std::path::PathBuf, Vec<String>, Vec<(&'static str, String)>), Error> {
+    ) -> Result<AgentCommand, Error> {
         let kubeconfig = dir.join("vk-cri.kubeconfig");
         cp.write_kubeconfig_for_token(&kubeconfig, VIRTUAL_NODE_TOKEN)?;
         let serving = cp.pki().issue(&[&node_ip.to_string()])?;
@@ -104,9 +104,19 @@ impl VirtualAgent {
         if let Some(quota) = self.exec_quota {
             args.push(format!("--exec-quota={quota}"));
         }
-        let env = vec![("KUBECONFIG", kubeconfig.display().to_string())];
-        Ok((tools::tool(self.binary())?, args, env))
+        Ok(AgentCommand {
+            program: tools::tool(self.binary())?,
+            args,
+            env: vec![("KUBECONFIG", kubeconfig.display().to_string())],
+        })
     }
+}
+
+/// How to start the provider.
+pub(super) struct AgentCommand {
+    pub program: std::path::PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(&'static str, String)>,
 }
 
 /// The agent's user may act as a node (`system:node`) and check its API's callers
