@@ -115,6 +115,18 @@ fn game_pod(name: &str) -> Pod {
     .unwrap()
 }
 
+/// The virtual node `agent` with the chart in standalone mode, [`game_ppm`], and the game
+/// server pod `game-0` admitted (running or not yet).
+async fn game_on(agent: VirtualAgent) -> (Running, Node, Api<Pod>) {
+    let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
+    Api::namespaced(running.cp.client(), NS)
+        .create(&PostParams::default(), &game_ppm())
+        .await
+        .unwrap();
+    let pods = create_admitted(&running.cp, &game_pod("game-0")).await;
+    (running, node, pods)
+}
+
 async fn create_admitted(cp: &ControlPlane, pod: &Pod) -> Api<Pod> {
     cp.wait_admission(pod, |p| annotation(p, support::PODPROBE).is_some())
         .await
@@ -141,14 +153,8 @@ fn pod_ip(pod: &Pod) -> Option<&str> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_runs_the_injected_pod_and_its_probes() {
-    let agent = VirtualAgent::default();
-    let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
+    let (running, node, pods) = game_on(VirtualAgent::default()).await;
     let cp = &running.cp;
-    Api::namespaced(cp.client(), NS)
-        .create(&PostParams::default(), &game_ppm())
-        .await
-        .unwrap();
-    let pods = create_admitted(cp, &game_pod("game-0")).await;
 
     // Scheduled by kube-scheduler to the virtual node, run there as two containers of one
     // pod with an address of the node's pod network, the probes written.
@@ -291,13 +297,7 @@ async fn virtual_node_aci_exec_through_pods_exec_reports_success_whatever_the_co
         aci: true,
         ..VirtualAgent::default()
     };
-    let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
-    let cp = &running.cp;
-    Api::namespaced(cp.client(), NS)
-        .create(&PostParams::default(), &game_ppm())
-        .await
-        .unwrap();
-    let pods = create_admitted(cp, &game_pod("game-0")).await;
+    let (_running, node, pods) = game_on(agent).await;
     let up = wait_for(&pods, "game-0", "probes written on the aci node", |p| {
         [HEALTHY, ACCEPTING, SERVING]
             .iter()

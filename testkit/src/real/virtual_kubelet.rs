@@ -68,22 +68,7 @@ impl VirtualKubelet {
         node: &str,
         provider: Provider,
     ) -> Result<VirtualKubelet, Error> {
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": "virtual-kubelet"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": VIRTUAL_KUBELET_USER}]
-        }))
-        .map_err(|e| Error::Other(e.to_string()))?;
-        // One binding serves every node agent of the control plane.
-        match Api::<ClusterRoleBinding>::all(cp.client())
-            .create(&PostParams::default(), &binding)
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            other => {
-                other?;
-            }
-        }
+        bind_agent_user(cp).await?;
         let dir = cp.dir().join(format!("virtual-kubelet-{node}"));
         std::fs::create_dir_all(&dir)?;
         let kubeconfig = dir.join("kubeconfig");
@@ -206,4 +191,30 @@ impl VirtualKubelet {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// The node agents' user may act as a node (`system:node`) and check its API's callers
+/// (`system:auth-delegator`), as providers' deployments bind them; one pair of bindings serves
+/// every agent of the control plane.
+pub(crate) async fn bind_agent_user(cp: &ControlPlane) -> Result<(), Error> {
+    for (name, role) in [
+        ("virtual-kubelet", "system:node"),
+        ("virtual-kubelet:auth-delegator", "system:auth-delegator"),
+    ] {
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": VIRTUAL_KUBELET_USER}]
+        }))?;
+        match Api::<ClusterRoleBinding>::all(cp.client())
+            .create(&PostParams::default(), &binding)
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -135,7 +135,7 @@ impl Node {
         cp.start_controller_manager(&controllers)?;
         node.start_kube_proxy(cp)?;
         if let Some(agent) = &options.virtual_agent {
-            virtual_agent::bind_agent_user(cp).await?;
+            super::virtual_kubelet::bind_agent_user(cp).await?;
             node.start_virtual_agent(cp, agent)?;
             node.wait_ready(cp).await?;
             return Ok(node);

@@ -10,12 +10,6 @@
 
 use std::path::Path;
 
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::Api;
-use kube::api::PostParams;
-use serde_json::json;
-
-use super::super::virtual_kubelet::VIRTUAL_KUBELET_USER;
 use super::super::{ControlPlane, Error, VIRTUAL_NODE_TOKEN, tools};
 use super::config::KUBELET_PORT;
 
@@ -117,29 +111,4 @@ pub(super) struct AgentCommand {
     pub program: std::path::PathBuf,
     pub args: Vec<String>,
     pub env: Vec<(&'static str, String)>,
-}
-
-/// The agent's user may act as a node (`system:node`) and check its API's callers
-/// (`system:auth-delegator`), as providers' deployments bind them.
-pub(super) async fn bind_agent_user(cp: &ControlPlane) -> Result<(), Error> {
-    for (name, role) in [
-        ("virtual-kubelet", "system:node"),
-        ("virtual-kubelet:auth-delegator", "system:auth-delegator"),
-    ] {
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": VIRTUAL_KUBELET_USER}]
-        }))?;
-        match Api::<ClusterRoleBinding>::all(cp.client())
-            .create(&PostParams::default(), &binding)
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            other => {
-                other?;
-            }
-        }
-    }
-    Ok(())
 }
