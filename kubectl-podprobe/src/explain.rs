@@ -260,8 +260,10 @@ fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
                 format!("exec probes on container {name} run inside it through podprobe's exec agent, its main process (no apiserver request per attempt)")
             } else if spec.share_process_namespace == Some(true) {
                 format!("exec probes on container {name} run from the sidecar in the container's root (procfs) when the sidecar may (root, the runtime's capabilities), else through pods/exec (an apiserver request and a kubelet exec per attempt)")
+            } else if on_virtual_node && command.is_empty() {
+                format!("exec probes on container {name} go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod")
             } else if on_virtual_node {
-                format!("exec probes on container {name} go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command")
+                format!("exec probes on container {name} go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the pod was not injected with the exec agent (execAgent kubeletNodes or disabled, or created before podprobe-manager); recreate it to get the agent")
             } else if command.is_empty() {
                 format!("exec probes on container {name} go through pods/exec (an apiserver request and a kubelet exec per attempt): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod")
             } else {

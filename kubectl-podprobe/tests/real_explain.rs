@@ -471,7 +471,7 @@ fn expectations() -> Vec<(&'static str, &'static str)> {
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
-  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod
   ok   condition      condition game.io/game is True (\"idle\"): probe idle succeeds
   ok   markers        the Succeeded policy's markers are on the pod: label idle=true
 Every link holds.
@@ -513,7 +513,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
-  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod
   ok   condition      condition game.io/game is True (\"idle\"): probe idle succeeds
   ok   markers        the Succeeded policy's markers are on the pod: label idle=true
 First broken link: annotation: kruise.io/podprobe is out of date with its PodProbeMarkers (probe idle (game.io/game) changed): OpenKruise never updates it, recreate the pod; podprobe-manager rewrites it
@@ -573,7 +573,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
-  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod
   FAIL condition      condition game.io/game is False (\"busy: 3 players\"): probe idle does not succeed   <- first broken link
   ok   markers        the Failed policy's markers are on the pod: label idle=false
 First broken link: condition: condition game.io/game is False (\"busy: 3 players\"): probe idle does not succeed
@@ -589,7 +589,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
-  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod
   ok   condition      condition game.io/half is True (\"idle\"): probe idle succeeds
   FAIL policy         PodProbeMarker half has no markerPolicy for state Succeeded of probe idle: nothing is written for it   <- first broken link
 First broken link: policy: PodProbeMarker half has no markerPolicy for state Succeeded of probe idle: nothing is written for it
@@ -605,7 +605,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   ok   node           node vk-1 is labelled type=virtual-kubelet
-  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt): on virtual nodes injection runs them through podprobe's exec agent only with injection.config.execAgent: always, in a container that gives its command
+  ok   exec           exec probes on container main go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod
   FAIL condition      condition game.io/game is missing: another writer removed it (Event PodProbeConditionOverwritten: condition game.io/game was removed; managedFields do not say which writer; written back)   <- first broken link
   ok   overwrites     conditions overwritten: 1 PodProbeConditionOverwritten Event(s) in the last 5m (the sidecar publishes at most one per condition per 10m; its metric podprobe_condition_overwrites_total counts each), the last: \"condition game.io/game was removed; managedFields do not say which writer; written back\"; the status is also written by virtual-kubelet (Update, Ns ago). The sidecar writes them back (--overwrite-repair after-change, the default: at once for 30 s after a probe's result changed, so the managers see each change, then 1 s … 1 m apart while overwrites go on); where a provider replaces the whole status every few seconds, --overwrite-repair=immediate keeps them present at one write per overwrite (docs/providers.md)
 First broken link: condition: condition game.io/game is missing: another writer removed it (Event PodProbeConditionOverwritten: condition game.io/game was removed; managedFields do not say which writer; written back)

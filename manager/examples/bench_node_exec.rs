@@ -29,11 +29,18 @@
 //! one per pod per period (`kept_up`, 1 when every attempt kept its period). The machine's
 //! busy CPU is printed beside them as a check.
 //!
+//! With `--node virtual` the node is a virtual node that runs the pods (`vk-cri`, the
+//! virtual-kubelet library v1.14.1 driving the node's containerd: docs/providers.md), the pods
+//! placed there by kube-scheduler as users' pods for virtual nodes are (a toleration of the
+//! node's taint and a `type: virtual-kubelet` node selector), so they get the virtual-node
+//! shape: in `api`, `pods/exec` goes through the library to the provider's CRI exec; the
+//! provider's CPU is in the node's figure.
+//!
 //! Last, one JSON line per path; the lines are appended to `docs/perf/node_exec.jsonl`. Run it
 //! on an otherwise quiet machine:
 //!
 //! `cargo run --release -p podprobe-manager --example bench_node_exec -- --pods N [--seconds S]
-//! [--path agent|api|procfs]...`
+//! [--path agent|api|procfs]... [--node kubelet|virtual]`
 
 #[path = "../tests/cluster/mod.rs"]
 mod cluster;
@@ -55,7 +62,7 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::metrics::{RequestCounts, request_counts, request_delta};
-use testkit::real::{ControlPlane, Node, NodeOptions};
+use testkit::real::{ControlPlane, Node, NodeOptions, VirtualAgent};
 
 use installed::NS;
 use on_node::usage::{
@@ -82,6 +89,15 @@ struct Args {
     /// The exec paths to measure (repeatable; default: every one).
     #[arg(long = "path", value_enum)]
     paths: Vec<ExecPath>,
+    /// The node: a kubelet, or a virtual node whose provider runs the pods (vk-cri).
+    #[arg(long, value_enum, default_value_t = NodeKind::Kubelet)]
+    node: NodeKind,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeKind {
+    Kubelet,
+    Virtual,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +157,8 @@ struct Bench<'a> {
     control_plane_marker: [String; 1],
     /// The game containers' command, if they give one (the game server image's entrypoint).
     command: Option<&'static str>,
+    /// Pods for a virtual node: left to the scheduler, which places them there.
+    virtual_node: bool,
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -170,9 +188,21 @@ async fn main() {
 }
 
 async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
-    let (running, node) =
-        on_node::node_and_chart_with(NodeOptions::default(), Mode::Standalone, &path.helm_args())
-            .await;
+    let virtual_node = args.node == NodeKind::Virtual;
+    let options = if virtual_node {
+        NodeOptions {
+            virtual_agent: Some(VirtualAgent::default()),
+            controllers: vec!["node-lifecycle-controller"],
+            ..NodeOptions::default()
+        }
+    } else {
+        NodeOptions::default()
+    };
+    let (mut running, node) =
+        on_node::node_and_chart_with(options, Mode::Standalone, &path.helm_args()).await;
+    if virtual_node {
+        running.cp.start_scheduler().unwrap();
+    }
     let cp = &running.cp;
     let ppms: Api<podprobe_manager::crd::PodProbeMarker> = Api::namespaced(cp.client(), NS);
     for (app, initial_delay) in [("game", 0), ("quiet", 3600)] {
@@ -188,6 +218,7 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
         node_marker: [node_marker],
         control_plane_marker: [control_plane_marker],
         command: (path == ExecPath::Agent).then_some("/usr/local/bin/gameserver"),
+        virtual_node,
     };
     let n = args.pods;
     eprintln!("{}: {n} game servers whose probe waits", path.name());
@@ -200,7 +231,9 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
     bench.delete_pods("game").await;
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
-    report(path, n, &idle, &busy)
+    let mut line = report(path, n, &idle, &busy);
+    line["node"] = json!(if virtual_node { "vk-cri" } else { "kubelet" });
+    line
 }
 
 /// The probe of the idle recipe, on the game servers labelled `app: <app>`, first run
@@ -232,8 +265,18 @@ impl Bench<'_> {
         let pod = |i: usize| {
             let mut pod = on_node::game_pod(&format!("{app}-{i}"), node);
             pod.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+            let spec = pod.spec.as_mut().unwrap();
             if let Some(command) = self.command {
-                pod.spec.as_mut().unwrap().containers[0].command = Some(vec![command.into()]);
+                spec.containers[0].command = Some(vec![command.into()]);
+            }
+            if self.virtual_node {
+                spec.node_name = None;
+                spec.node_selector =
+                    Some([("type".to_owned(), "virtual-kubelet".to_owned())].into());
+                spec.tolerations = Some(vec![serde_json::from_value(json!({
+                    "key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"
+                }))
+                .unwrap()]);
             }
             pod
         };

@@ -53,9 +53,9 @@ pub struct InjectionConfig {
     #[serde(default)]
     pub readiness_gates: Vec<String>,
     /// Run exec probes through podprobe's exec agent inside the probed container, where the
-    /// pod allows it (`auto`: on kubelet nodes; `always`: on virtual nodes too; see
-    /// [`crate::inject::agent`]), or never (`disabled`: they go through pods/exec, or procfs
-    /// with `shareProcessNamespace`).
+    /// pod allows it (`auto`: on kubelet and virtual nodes; `kubeletNodes`: on kubelet nodes
+    /// only; see [`crate::inject::agent`]), or never (`disabled`: they go through pods/exec,
+    /// or procfs with `shareProcessNamespace`).
     #[serde(default)]
     pub exec_agent: ExecAgentChoice,
     /// Set `shareProcessNamespace: true`, which the sidecar's `procfs` exec mode needs.
@@ -82,12 +82,17 @@ pub struct InjectionConfig {
 #[serde(rename_all = "camelCase")]
 pub enum ExecAgentChoice {
     /// Wrap the command of each container that exec probes target, when it has one in the
-    /// pod spec, in pods for kubelet nodes.
+    /// pod spec, in every pod: for kubelet nodes, and for virtual nodes, whose provider must
+    /// then run init containers and share `emptyDir` volumes between containers (azure-aci's
+    /// does, and Alibaba ECI documents both).
     #[default]
     Auto,
-    /// As `auto`, and in pods that may run on a virtual node too (the provider must run init
-    /// containers and share `emptyDir` volumes between containers).
+    /// The same as `auto` (before `auto` covered virtual nodes, it was the setting for them).
     Always,
+    /// As `auto`, in pods for kubelet nodes only: for a virtual node whose provider runs no
+    /// init containers or shares no `emptyDir` volumes (its exec probes then go through
+    /// pods/exec, the provider's exec).
+    KubeletNodes,
     /// Wrap nothing.
     Disabled,
 }

@@ -715,7 +715,8 @@ mod tests {
     }
 
     #[test]
-    fn on_a_virtual_node_only_always_wraps_and_the_install_container_has_no_resources() {
+    fn on_a_virtual_node_auto_wraps_unless_kubelet_nodes_only_and_the_install_container_has_no_resources()
+     {
         let exec = vec!["main".to_string()];
         let ctx = InjectContext {
             exec_probe_containers: &exec,
@@ -723,20 +724,30 @@ mod tests {
         };
         let mut p = with_command(pod(ENABLED), Some(&["/server"]));
         p.spec.as_mut().unwrap().node_selector = Some(labels(&[("type", "virtual-kubelet")]));
-        let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        let mut kubelet_nodes = config();
+        kubelet_nodes.exec_agent = crate::config::ExecAgentChoice::KubeletNodes;
+        let spec = applied(&p, &inject_ops(&p, &kubelet_nodes, &ctx))
+            .spec
+            .unwrap();
         assert_eq!(spec.containers[0].command.as_deref().unwrap(), ["/server"]);
         assert!(spec.init_containers.is_none());
         let mut always = config();
         always.exec_agent = crate::config::ExecAgentChoice::Always;
-        let spec = applied(&p, &inject_ops(&p, &always, &ctx)).spec.unwrap();
-        let install = find(
-            spec.init_containers.as_deref().unwrap(),
-            agent::INSTALL_CONTAINER,
-        );
-        assert_eq!(install.resources, None);
-        assert_eq!(install.ports, None);
-        let sidecar = find(&spec.containers, "podprobe");
-        assert!(env_of(sidecar).contains(&(agent::AGENTS_ENV, "main")));
+        for config in [config(), always] {
+            let spec = applied(&p, &inject_ops(&p, &config, &ctx)).spec.unwrap();
+            let install = find(
+                spec.init_containers.as_deref().unwrap(),
+                agent::INSTALL_CONTAINER,
+            );
+            assert_eq!(install.resources, None);
+            assert_eq!(install.ports, None);
+            assert_eq!(
+                spec.containers[0].command.as_deref().unwrap()[0],
+                agent::AGENT_BINARY
+            );
+            let sidecar = find(&spec.containers, "podprobe");
+            assert!(env_of(sidecar).contains(&(agent::AGENTS_ENV, "main")));
+        }
     }
 
     /// What kube-apiserver's ServiceAccount plugin adds before the webhook.

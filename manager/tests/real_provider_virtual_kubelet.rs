@@ -14,7 +14,8 @@
 //! token under the chart's admission policy, its conditions kept against the 5 s replacement
 //! and its markers right both ways. A pod bound to the node without tolerating its taint gets
 //! the kubelet shape, which the library cannot start ("unsupported fieldPath: status.podIP").
-//! With `execAgent: always` the pod's exec-agent shape passes azure-aci's rules too.
+//! The exec agent's shape, which the chart's defaults give a pod for a virtual node whose
+//! probed container gives its command, passes azure-aci's rules too.
 //!
 //! Neither agent runs containers: the injected container is run here, as the provider would
 //! run it: its command, args and environment as the library resolves them, its token read
@@ -319,21 +320,15 @@ async fn azure_aci_rules_accept_the_injected_pod_and_it_is_probed_and_marked() {
     running.manager.shutdown().await;
 }
 
-/// `injection.config.execAgent: always`, the opt-in that brings the exec agent to virtual
-/// nodes: the pod it shapes (an install init container without resources or ports, the
-/// container's command wrapped, an `emptyDir` per agent) passes azure-aci's rules on the real
-/// library and runs. (The provider runs no containers here: that the agent then serves the
-/// probes is shown on the real node and through the real binary.)
+/// The exec agent on a virtual node, as the chart installs it (`execAgent: auto`): the pod it
+/// shapes (an install init container without resources or ports, the container's command
+/// wrapped, an `emptyDir` per agent) passes azure-aci's rules on the real library and runs.
+/// (The provider runs no containers here: that the agent then serves the probes on a virtual
+/// node is shown on `vk-cri`, `real_virtual_node.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_the_exec_agent_always_azure_aci_rules_accept_the_wrapped_pod() {
+async fn with_the_chart_defaults_azure_aci_rules_accept_the_exec_agent_pod() {
     use podprobe_manager::inject::agent;
-    let (running, _aci) = cluster_with(
-        Mode::Standalone,
-        "aci-1",
-        Provider::AciRules,
-        &["--set", "injection.config.execAgent=always"],
-    )
-    .await;
+    let (running, _aci) = cluster_with(Mode::Standalone, "aci-1", Provider::AciRules, &[]).await;
     let mut marker = installed::listening_marker(1);
     marker.spec.probes[0].probe =
         serde_json::from_value(json!({"exec": {"command": ["/idle.sh"]}, "periodSeconds": 2}))

@@ -226,18 +226,20 @@ async fn virtual_node_runs_the_injected_pod_and_its_probes() {
     // and the library writes it over the pod's whole status; the sidecar (its default
     // `--overwrite-repair after-change`) writes its conditions back at once.
     let replaced_before = status_replacements(cp, "game-0");
-    let present = presence(&pods, "game-0", Duration::from_secs(30)).await;
+    let (present, worst_gap) = presence(&pods, "game-0", Duration::from_secs(30)).await;
     let replaced = status_replacements(cp, "game-0") - replaced_before;
     eprintln!(
-        "conditions present in {present:.2} % of samples over 30 s, the provider's status written {replaced} times"
+        "conditions present in {present:.2} % of samples over 30 s (longest gap {worst_gap:?}), the provider's status written {replaced} times"
     );
     assert!(
         replaced >= 4,
         "the provider's status was written {replaced} times in 30 s"
     );
+    // Each replacement removes them until the sidecar's write-back: the design's bound for a
+    // repair is 2 s (without it, a gap lasts until the next change of a probe).
     assert!(
-        present >= 99.0,
-        "conditions present in {present:.2} % of samples"
+        worst_gap <= Duration::from_secs(2),
+        "conditions missing for {worst_gap:?} at once ({present:.2} % present)"
     );
 
     // Deleted: the provider stops the containers with the grace period and the library
@@ -270,20 +272,30 @@ fn status_replacements(cp: &ControlPlane, pod: &str) -> usize {
 }
 
 /// The share of samples (one every 100 ms for `window`) in which the pod shows all four
-/// probe conditions, in percent.
-async fn presence(pods: &Api<Pod>, name: &str, window: Duration) -> f64 {
+/// probe conditions, in percent, and the longest time they were not all shown.
+async fn presence(pods: &Api<Pod>, name: &str, window: Duration) -> (f64, Duration) {
     let (mut samples, mut present) = (0u32, 0u32);
+    let (mut missing_since, mut worst_gap) = (None, Duration::ZERO);
     let end = tokio::time::Instant::now() + window;
     let mut every = tokio::time::interval(Duration::from_millis(100));
     while tokio::time::Instant::now() < end {
         every.tick().await;
         let pod = pods.get(name).await.unwrap();
+        let now = tokio::time::Instant::now();
         samples += 1;
         if ALL.iter().all(|c| condition_status(&pod, c).is_some()) {
             present += 1;
+            if let Some(since) = missing_since.take() {
+                worst_gap = worst_gap.max(now - since);
+            }
+        } else {
+            missing_since.get_or_insert(now);
         }
     }
-    f64::from(present) * 100.0 / f64::from(samples)
+    if let Some(since) = missing_since {
+        worst_gap = worst_gap.max(tokio::time::Instant::now() - since);
+    }
+    (f64::from(present) * 100.0 / f64::from(samples), worst_gap)
 }
 
 /// On azure-aci's library (v1.11.0) with its rules, volumes and exec: the injected pod passes
@@ -317,4 +329,114 @@ async fn virtual_node_aci_exec_through_pods_exec_reports_success_whatever_the_co
         Some("True"),
         "azure-aci's exec reports no exit status"
     );
+}
+
+/// The exec agent on azure-aci's library with its rules, volumes and exec, as the chart
+/// installs it: the game container gives its command, so injection wraps it; the provider
+/// runs the install init container to completion, then the wrapped game server, whose agent
+/// runs the idle probe inside it: right both ways (the idle file written into the pod's
+/// `emptyDir` where the provider keeps it), and not one `pods/exec` request.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_aci_runs_exec_probes_through_the_agent_by_default() {
+    use podprobe_manager::inject::agent;
+    let agent = VirtualAgent {
+        library: testkit::real::Library::V1_11,
+        aci: true,
+        ..VirtualAgent::default()
+    };
+    let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
+    let cp = &running.cp;
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &game_ppm())
+        .await
+        .unwrap();
+    let mut pod = serde_json::to_value(game_pod("game-0")).unwrap();
+    pod["spec"]["containers"][0]["command"] = json!(["/usr/local/bin/gameserver"]);
+    pod["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "game-state", "mountPath": "/var/run/game"}]);
+    pod["spec"]["volumes"] = json!([{"name": "game-state", "emptyDir": {}}]);
+    let pods = create_admitted(cp, &serde_json::from_value(pod).unwrap()).await;
+
+    let up = wait_for(&pods, "game-0", "probes written through the agent", |p| {
+        game_up(p) && label(p, IDLE).as_deref() == Some("false")
+    })
+    .await;
+    assert_eq!(node_name(&up), Some(node.name()));
+    let spec = up.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.containers[0].command.as_deref().unwrap()[0],
+        agent::AGENT_BINARY,
+        "the game server's command runs under the agent"
+    );
+    let install = spec.init_containers.iter().flatten();
+    assert!(
+        install
+            .map(|c| &c.name)
+            .any(|n| n == agent::INSTALL_CONTAINER)
+    );
+
+    // Where the provider keeps the pod's emptyDir on the node.
+    let uid = up.metadata.uid.as_deref().unwrap();
+    let idle_file = node
+        .dir()
+        .join("vk-cri/pods")
+        .join(uid)
+        .join("volumes/game-state/idle");
+    std::fs::write(&idle_file, "").unwrap();
+    wait_for(&pods, "game-0", "idle through the agent", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+            && label(p, IDLE).as_deref() == Some("true")
+    })
+    .await;
+    std::fs::remove_file(&idle_file).unwrap();
+    wait_for(&pods, "game-0", "busy again through the agent", |p| {
+        condition_status(p, IDLE).as_deref() == Some("False")
+            && label(p, IDLE).as_deref() == Some("false")
+    })
+    .await;
+    let execs = cp
+        .audit()
+        .unwrap()
+        .into_iter()
+        .filter(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.subresource == "exec")
+        })
+        .count();
+    assert_eq!(execs, 0, "pods/exec requests");
+}
+
+/// The serverless protocol as OpenKruise users run it, on a virtual node that runs the pod:
+/// kruise-manager v1.9.1 (`EnablePodProbeMarkerOnServerless`) owns the PodProbeMarker,
+/// annotates the pod and writes the markers; podprobe-manager (companion) injects the sidecar,
+/// which runs on `vk-cri` beside the game server and writes the conditions Kruise reads, with
+/// the provider's `Initialized` (which kruise-manager waits for) in its status.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_kruise_marks_the_pod_from_the_sidecars_conditions() {
+    let (running, node) = virtual_node_and_chart(VirtualAgent::default(), Mode::Companion).await;
+    let cp = &running.cp;
+    // Kruise's validation knows no grpc handler ("must specify a handler type").
+    let mut ppm = game_ppm();
+    ppm.spec.probes.retain(|p| p.name != "serving");
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &ppm)
+        .await
+        .unwrap();
+    let pods = create_admitted(cp, &game_pod("game-0")).await;
+    let failed = wait_for(&pods, "game-0", "Kruise's Failed markers", |p| {
+        condition_status(p, IDLE).as_deref() == Some("False")
+            && condition_status(p, HEALTHY).as_deref() == Some("True")
+            && label(p, IDLE).as_deref() == Some("false")
+    })
+    .await;
+    assert_eq!(node_name(&failed), Some(node.name()));
+    assert_eq!(annotation(&failed, DELETION_COST).as_deref(), Some("100"));
+    exec(&pods, "game-0", "game", "touch /var/run/game/idle").await;
+    let idle = wait_for(&pods, "game-0", "Kruise's Succeeded markers", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+            && label(p, IDLE).as_deref() == Some("true")
+    })
+    .await;
+    assert_eq!(annotation(&idle, DELETION_COST).as_deref(), Some("-100"));
 }

@@ -23,8 +23,12 @@
 //!
 //! On a virtual node the pod starts only if its provider runs init containers and shares
 //! `emptyDir` volumes between containers: azure-aci's code does (its init containers must have
-//! no resources, ports or probes, so this one has none there), other providers are not known
-//! to. So `execAgent: auto` wraps on kubelet nodes only and `always` on virtual nodes too.
+//! no resources, ports or probes, so this one has none there), and Alibaba ECI documents both.
+//! It is also where the agent matters most: a provider's exec is an apiserver request and a
+//! call to the provider's API per attempt, quota-bound on ECI, and on azure-aci it reports no
+//! exit status, so an exec probe through it reads success whatever the command does. So
+//! `execAgent: auto` wraps in pods for virtual nodes too; `kubeletNodes` leaves them to
+//! pods/exec, for a provider that runs no init containers.
 //!
 //! The init container has the sidecar's security context (Pod Security "restricted").
 
@@ -124,8 +128,8 @@ pub fn plan(
             (ExecAgentChoice::Disabled, _) => {
                 left("execAgent is disabled in the injection config".into())
             }
-            (ExecAgentChoice::Auto, true) => left(
-                "the pod may run on a virtual node, whose provider may not run the agent's init container or share its volume (execAgent: always wraps there too)".into(),
+            (ExecAgentChoice::KubeletNodes, true) => left(
+                "the pod may run on a virtual node, and execAgent is kubeletNodes (for a provider that runs no init containers): its exec probes go through pods/exec".into(),
             ),
             _ if command.is_empty() => left(
                 "the container has no command in the pod spec, so it runs its image's entrypoint, which admission cannot see; give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
