@@ -90,8 +90,16 @@ pub fn sidecar_container(config: &InjectionConfig, shape: Shape, native: bool) -
             field_env("POD_IP", "status.podIP"),
             value_env("PODPROBE_SOURCE", "file".into()),
         ]),
-        // No downward-API file: the probes and the pod's IP come from the apiserver.
-        Shape::VirtualNode => env.push(value_env("PODPROBE_SOURCE", "api".into())),
+        // No downward-API file: the probes and the pod's IP come from the apiserver. Virtual
+        // nodes' providers write their own status over the pod's whole (azure-aci every 5 s):
+        // each overwritten condition is written back at once, whether the probe's result
+        // changed lately or not, or steady results would be absent most of the time
+        // (docs/providers.md, "Settings"). `injection.config.args` can still choose another
+        // policy (`--overwrite-repair` wins over the env).
+        Shape::VirtualNode => env.extend([
+            value_env("PODPROBE_SOURCE", "api".into()),
+            value_env("PODPROBE_OVERWRITE_REPAIR", "immediate".into()),
+        ]),
     }
     env.extend(
         config
@@ -467,6 +475,7 @@ mod tests {
                 ("POD_NAMESPACE", "metadata.namespace"),
                 ("POD_UID", "metadata.uid"),
                 ("PODPROBE_SOURCE", "api"),
+                ("PODPROBE_OVERWRITE_REPAIR", "immediate"),
             ]
         );
         assert_eq!(

@@ -440,3 +440,29 @@ async fn virtual_node_kruise_marks_the_pod_from_the_sidecars_conditions() {
     .await;
     assert_eq!(annotation(&idle, DELETION_COST).as_deref(), Some("-100"));
 }
+
+/// Steady probes under the provider's whole-status replacement, as installed: past the 30 s in
+/// which `after-change` writes a changed result back at once, the pod's conditions must still
+/// come back after each replacement within the design's 2 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_keeps_steady_conditions_present_under_status_replacement() {
+    let (running, _node, pods) = game_on(VirtualAgent::default()).await;
+    wait_for(&pods, "game-0", "probes written", game_up).await;
+    // Nothing changes from here on: every probe's first result is at least 30 s old before
+    // the window starts.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    let replaced_before = status_replacements(&running.cp, "game-0");
+    let (present, worst_gap) = presence(&pods, "game-0", Duration::from_secs(30)).await;
+    let replaced = status_replacements(&running.cp, "game-0") - replaced_before;
+    eprintln!(
+        "steady: conditions present in {present:.2} % of samples over 30 s (longest gap {worst_gap:?}), the provider's status written {replaced} times"
+    );
+    assert!(
+        replaced >= 4,
+        "the provider's status was written {replaced} times in 30 s"
+    );
+    assert!(
+        worst_gap <= Duration::from_secs(2),
+        "conditions missing for {worst_gap:?} at once ({present:.2} % present)"
+    );
+}

@@ -70,6 +70,8 @@ pub struct Node {
     kubelet: Option<Daemon>,
     containerd: Option<Daemon>,
     name: &'static str,
+    /// The agent is a virtual node's provider, not a kubelet.
+    virtual_agent: bool,
     /// Set once [`Node::teardown`] ran (by `stop`), so dropping does not repeat it.
     torn_down: bool,
     network: NodeNetwork,
@@ -120,6 +122,7 @@ impl Node {
             kubelet: None,
             containerd: None,
             name,
+            virtual_agent: options.virtual_agent.is_some(),
             torn_down: false,
             network,
             dir,
@@ -426,6 +429,12 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // A pod deleted with no grace period is gone from the API at once, before a virtual
+        // node's provider has stopped it: wait until the runtime runs none of the node's tasks.
+        let started = Instant::now();
+        while self.virtual_agent && !self.tasks()?.is_empty() && started.elapsed() < LIMIT {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         // The API object goes when the containers have stopped; the volume manager unmounts
         // the pods' volumes a moment later.
         let pods_dir = self.dir.path().join("kubelet/pods");
@@ -434,6 +443,15 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Ok(self.teardown())
+    }
+
+    /// The ids of the tasks the node's containerd runs.
+    fn tasks(&self) -> Result<Vec<String>, Error> {
+        let out = self.ctr().args(["tasks", "list", "--quiet"]).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect())
     }
 
     /// Stops the daemons and removes tasks, shims, mounts and cgroups left behind.
