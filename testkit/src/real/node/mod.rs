@@ -1,7 +1,9 @@
 //! A real node for the tests: containerd (CRI) running pods with runc, a kubelet registered
-//! against the test's [`ControlPlane`], and kube-proxy routing the `kubernetes` Service to the
-//! apiserver, all in a network namespace of the node's own ([`NodeNetwork`]) with a CNI
-//! bridge for the pods. Images come from [`images`]: built here, imported, never pulled.
+//! against the test's [`ControlPlane`] (or, with [`NodeOptions::virtual_agent`], a
+//! virtual-kubelet provider that runs the pods on the same containerd: [`virtual_agent`]), and
+//! kube-proxy routing the `kubernetes` Service to the apiserver, all in a network namespace of
+//! the node's own ([`NodeNetwork`]) with a CNI bridge for the pods. Images come from
+//! [`images`]: built here, imported, never pulled.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), testkit::real::Error> {
@@ -99,8 +101,8 @@ async fn kubelet_start_lock() -> Result<std::fs::File, Error> {
 }
 
 impl Node {
-    /// Starts containerd (and imports the images), kube-proxy, the kubelet and the controllers
-    /// pods need (kube-controller-manager), and waits
+    /// Starts containerd (and imports the images), kube-proxy, the kubelet (or the virtual
+    /// node's provider) and the controllers pods need (kube-controller-manager), and waits
     /// until the node is Ready and the `kubernetes` Service is routed.
     pub async fn start(
         cp: &mut ControlPlane,
