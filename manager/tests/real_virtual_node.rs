@@ -153,7 +153,21 @@ fn pod_ip(pod: &Pod) -> Option<&str> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_runs_the_injected_pod_and_its_probes() {
-    let (running, node, pods) = game_on(VirtualAgent::default()).await;
+    runs_the_injected_pod_and_its_probes(VirtualAgent::default()).await;
+}
+
+/// The same on the library azure-aci v1.6.4 is built on.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_v1_11_runs_the_injected_pod_and_its_probes() {
+    runs_the_injected_pod_and_its_probes(VirtualAgent {
+        library: testkit::real::Library::V1_11,
+        ..VirtualAgent::default()
+    })
+    .await;
+}
+
+async fn runs_the_injected_pod_and_its_probes(agent: VirtualAgent) {
+    let (running, node, pods) = game_on(agent).await;
     let cp = &running.cp;
 
     // Scheduled by kube-scheduler to the virtual node, run there as two containers of one
@@ -446,8 +460,26 @@ async fn virtual_node_kruise_marks_the_pod_from_the_sidecars_conditions() {
 /// come back after each replacement within the design's 2 s.
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_keeps_steady_conditions_present_under_status_replacement() {
-    let (running, _node, pods) = game_on(VirtualAgent::default()).await;
-    wait_for(&pods, "game-0", "probes written", game_up).await;
+    keeps_steady_conditions_present(VirtualAgent::default()).await;
+}
+
+/// The same under azure-aci's library, rules, volumes and exec.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_aci_keeps_steady_conditions_present_under_status_replacement() {
+    keeps_steady_conditions_present(VirtualAgent {
+        library: testkit::real::Library::V1_11,
+        aci: true,
+        ..VirtualAgent::default()
+    })
+    .await;
+}
+
+async fn keeps_steady_conditions_present(agent: VirtualAgent) {
+    let (running, _node, pods) = game_on(agent).await;
+    wait_for(&pods, "game-0", "probes written", |p| {
+        ALL.iter().all(|c| condition_status(p, c).is_some())
+    })
+    .await;
     // Nothing changes from here on: every probe's first result is at least 30 s old before
     // the window starts.
     tokio::time::sleep(Duration::from_secs(35)).await;
