@@ -379,14 +379,50 @@ fn overwrites_link(facts: &PodFacts, settings: &Settings) -> Option<Link> {
     } else {
         format!("the status is also written by {}", writers.join(", "))
     };
+    let repair = match repair_policy(&facts.pod, &settings.sidecar_container).as_deref() {
+        Some("immediate") => "--overwrite-repair immediate, as injected for virtual nodes: each at once, at most one write per condition per second; each overwrite costs a write, and the provider's next copy another (docs/providers.md)".to_owned(),
+        Some("backoff") => "--overwrite-repair backoff: the first at once, then 1 s … 1 m apart while overwrites go on); where a provider replaces the whole status every few seconds, --overwrite-repair=immediate keeps them present at one write per overwrite (docs/providers.md".to_owned(),
+        _ => "--overwrite-repair after-change, the default: at once for 30 s after a probe's result changed, so the managers see each change, then 1 s … 1 m apart while overwrites go on); where a provider replaces the whole status every few seconds, --overwrite-repair=immediate keeps them present at one write per overwrite (docs/providers.md".to_owned(),
+    };
     Some(link(
         "overwrites",
         true,
         format!(
-            "conditions overwritten: {count} {OVERWRITTEN} Event(s) in the last {since} (the sidecar publishes at most one per condition per 10m; its metric podprobe_condition_overwrites_total counts each), the last: {:?}; {writers}. The sidecar writes them back (--overwrite-repair after-change, the default: at once for 30 s after a probe's result changed, so the managers see each change, then 1 s … 1 m apart while overwrites go on); where a provider replaces the whole status every few seconds, --overwrite-repair=immediate keeps them present at one write per overwrite (docs/providers.md)",
+            "conditions overwritten: {count} {OVERWRITTEN} Event(s) in the last {since} (the sidecar publishes at most one per condition per 10m; its metric podprobe_condition_overwrites_total counts each), the last: {:?}; {writers}. The sidecar writes them back ({repair})",
             last.message.as_deref().unwrap_or_default()
         ),
     ))
+}
+
+/// The sidecar container's `--overwrite-repair` as its pod spec sets it: the flag (which wins),
+/// else `PODPROBE_OVERWRITE_REPAIR`; `None`: the sidecar's default.
+fn repair_policy(pod: &k8s_openapi::api::core::v1::Pod, sidecar: &str) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    let container = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == sidecar)?;
+    let words: Vec<&str> = container
+        .command
+        .iter()
+        .chain(container.args.iter())
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    let flag = words.iter().enumerate().find_map(|(i, w)| {
+        w.strip_prefix("--overwrite-repair=").or_else(|| {
+            (*w == "--overwrite-repair")
+                .then(|| words.get(i + 1).copied())
+                .flatten()
+        })
+    });
+    let env = || {
+        let env = container.env.iter().flatten();
+        env.filter(|e| e.name == "PODPROBE_OVERWRITE_REPAIR")
+            .find_map(|e| e.value.as_deref())
+    };
+    flag.or_else(env).map(str::to_owned)
 }
 
 /// The field managers other than podprobe's that wrote the pod's status, newest first, each
@@ -529,7 +565,48 @@ mod tests {
             f.contains("the status is also written by vk-replacer (Update, 3s ago), kube-scheduler (Update, 60m ago)."),
             "{f}"
         );
+        assert!(
+            f.contains("--overwrite-repair after-change, the default"),
+            "{f}"
+        );
         assert!(f.contains("--overwrite-repair=immediate"), "{f}");
+    }
+
+    #[test]
+    fn overwrites_name_the_repair_policy_the_sidecar_runs_with() {
+        let events = vec![overwritten_event(
+            "2026-11-25T12:30:00Z",
+            "2026-11-25T12:30:00Z",
+            1,
+        )];
+        let with = |sidecar: serde_json::Value| {
+            let mut f = facts(events.clone());
+            f.pod.spec = Some(
+                serde_json::from_value(json!({"containers": [{"name": "main"}, sidecar]})).unwrap(),
+            );
+            overwrites_link(&f, &settings("2026-11-25T13:00:00Z"))
+                .unwrap()
+                .finding
+        };
+        // As injected for a virtual node.
+        let injected = with(json!({"name": "podprobe",
+            "env": [{"name": "PODPROBE_OVERWRITE_REPAIR", "value": "immediate"}]}));
+        assert!(
+            injected.contains("--overwrite-repair immediate, as injected for virtual nodes"),
+            "{injected}"
+        );
+        assert!(!injected.contains("the default"), "{injected}");
+        // The flag wins over the env, as the sidecar's own parsing has it.
+        let args = with(
+            json!({"name": "podprobe", "args": ["run", "--overwrite-repair", "backoff"],
+            "env": [{"name": "PODPROBE_OVERWRITE_REPAIR", "value": "immediate"}]}),
+        );
+        assert!(args.contains("--overwrite-repair backoff:"), "{args}");
+        let equals =
+            with(json!({"name": "podprobe", "args": ["run", "--overwrite-repair=backoff"]}));
+        assert!(equals.contains("--overwrite-repair backoff:"), "{equals}");
+        let default = with(json!({"name": "podprobe"}));
+        assert!(default.contains("after-change, the default"), "{default}");
     }
 
     #[test]
