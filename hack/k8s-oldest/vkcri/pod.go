@@ -12,12 +12,16 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	criapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// podRun is what the provider knows of a pod; its fields are guarded by provider.mu.
+// podRun is what the provider knows of a pod; its fields are guarded by provider.mu but for
+// pod, the pod as it was created, which nothing changes (the pod's goroutine reads it freely).
 type podRun struct {
-	pod       *corev1.Pod
+	pod *corev1.Pod
+	// meta: the pod's metadata as the library last gave it (UpdatePod, DeletePod).
+	meta      metav1.ObjectMeta
 	dir       string
 	volumes   map[string]string
 	start     time.Time

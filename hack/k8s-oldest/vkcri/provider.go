@@ -72,7 +72,8 @@ func (p *provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &podRun{
-		pod: pod.DeepCopy(), dir: dir, volumes: volumes, start: time.Now().Truncate(time.Second),
+		pod: pod.DeepCopy(), meta: *pod.ObjectMeta.DeepCopy(), dir: dir, volumes: volumes,
+		start:  time.Now().Truncate(time.Second),
 		cancel: cancel, done: make(chan struct{}),
 		init:       make([]*containerRun, len(pod.Spec.InitContainers)),
 		containers: make([]*containerRun, len(pod.Spec.Containers)),
@@ -95,7 +96,7 @@ func (p *provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if r, ok := p.pods[key(pod.Namespace, pod.Name)]; ok {
-		r.pod.ObjectMeta = *pod.ObjectMeta.DeepCopy()
+		r.meta = *pod.ObjectMeta.DeepCopy()
 	}
 	return nil
 }
@@ -114,7 +115,7 @@ func (p *provider) DeletePod(_ context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	r.deleting = true
-	r.pod.ObjectMeta = *pod.ObjectMeta.DeepCopy()
+	r.meta = *pod.ObjectMeta.DeepCopy()
 	grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
 	if pod.Spec.TerminationGracePeriodSeconds != nil {
 		grace = *pod.Spec.TerminationGracePeriodSeconds
@@ -212,6 +213,7 @@ func (p *provider) track(ctx context.Context) {
 // Called with p.mu held.
 func (p *provider) podWithStatus(r *podRun) *corev1.Pod {
 	pod := r.pod.DeepCopy()
+	pod.ObjectMeta = *r.meta.DeepCopy()
 	pod.Status = p.status(r)
 	return pod
 }
