@@ -106,7 +106,7 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     assert_eq!(
         install.len(),
         2,
-        "standalone, then companion (real_okg.rs runs that one): {install:?}"
+        "standalone, then companion (real_mixed_okg.rs runs that one): {install:?}"
     );
     run_as_user(&cp, &node, &install[0]);
 

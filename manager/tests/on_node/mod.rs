@@ -150,6 +150,23 @@ pub async fn node_for_workloads(options: NodeOptions) -> (ControlPlane, Node) {
     (cp, node)
 }
 
+/// A cluster with both node kinds, as a platform with virtual nodes has: a kubelet node where
+/// workloads run ([`node_for_workloads`]: the chart's Deployments land there, the virtual
+/// node's taint keeps them off it) and beside it the virtual node `agent` that runs its pods
+/// (`vk-cri`), each in a network of its own, reaching the apiserver on the kubelet node's.
+pub async fn mixed_cluster(agent: testkit::real::VirtualAgent) -> (ControlPlane, Node, Node) {
+    let (mut cp, kubelet) = node_for_workloads(NodeOptions::default()).await;
+    let network = NodeNetwork::create().unwrap_or_else(|e| panic!("virtual node network: {e}"));
+    let options = NodeOptions {
+        virtual_agent: Some(agent),
+        ..NodeOptions::default()
+    };
+    let virtual_node = Node::start(&mut cp, network, options)
+        .await
+        .unwrap_or_else(|e| panic!("virtual node: {e}"));
+    (cp, kubelet, virtual_node)
+}
+
 /// The names of the pods of `pods` labelled `app=<app>`, once there are `count` of them (a
 /// controller creates them).
 pub async fn pods_of(pods: &Api<Pod>, app: &str, count: usize) -> Vec<String> {
@@ -228,6 +245,35 @@ pub async fn logs(pods: &Api<Pod>, pod: &str, container: &str) -> String {
     pods.logs(pod, &params)
         .await
         .unwrap_or_else(|e| panic!("logs of {pod}/{container}: {e}"))
+}
+
+/// Runs `sh -c script` in `container` of `pod` through `node`'s containerd (`ctr tasks
+/// exec`), not through the node's agent: the test's hand in the game's state where the
+/// agent's own exec cannot carry it (azure-aci's runs a command without arguments).
+pub async fn runtime_exec(node: &Node, pods: &Api<Pod>, pod: &str, container: &str, script: &str) {
+    let running = pods.get(pod).await.unwrap();
+    let id = container_id(&running, container)
+        .unwrap_or_else(|| panic!("{pod}/{container}: no container id"));
+    let exec_id = format!("test-{}", std::process::id());
+    let out = node
+        .ctr()
+        .args([
+            "tasks",
+            "exec",
+            "--exec-id",
+            &exec_id,
+            &id,
+            "sh",
+            "-c",
+            script,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctr tasks exec {script:?} in {pod}/{container}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Runs `sh -c script` in `container` through `pods/exec` (apiserver → kubelet → runc) and

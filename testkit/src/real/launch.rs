@@ -113,6 +113,7 @@ impl ControlPlane {
         let mut cp = ControlPlane {
             kruise_manager: None,
             controller_manager: None,
+            controllers: Default::default(),
             scheduler: None,
             apiserver,
             etcd,

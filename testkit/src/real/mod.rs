@@ -116,6 +116,8 @@ pub struct ControlPlane {
     // and the directory last.
     kruise_manager: Option<Daemon>,
     controller_manager: Option<Daemon>,
+    /// The controllers `controller_manager` runs.
+    controllers: std::collections::BTreeSet<String>,
     scheduler: Option<Daemon>,
     apiserver: Daemon,
     etcd: Daemon,
@@ -234,12 +236,23 @@ impl ControlPlane {
     /// Starts kube-controller-manager with only `controllers` (e.g.
     /// `validatingadmissionpolicy-status-controller`, which type-checks policies and writes
     /// their status: kube-apiserver does not). It runs as the admin until the control plane
-    /// is dropped.
+    /// is dropped. Called again (a second node), it runs those it runs already too: restarted
+    /// with both sets, or left alone when it runs them all.
     pub fn start_controller_manager(&mut self, controllers: &[&str]) -> Result<(), Error> {
+        let running = self.controller_manager.is_some();
+        let before = self.controllers.len();
+        self.controllers
+            .extend(controllers.iter().map(|c| (*c).to_owned()));
+        if running && self.controllers.len() == before {
+            return Ok(());
+        }
+        // Stopped before its successor starts: two would both run every controller.
+        self.controller_manager = None;
         let binary = tools::tool("kube-controller-manager")?;
+        let all: Vec<&str> = self.controllers.iter().map(String::as_str).collect();
         let args = vec![
             format!("--kubeconfig={}", self.admin_kubeconfig().display()),
-            format!("--controllers={}", controllers.join(",")),
+            format!("--controllers={}", all.join(",")),
             // For `root-ca-cert-publisher` (the `kube-root-ca.crt` ConfigMap every projected
             // service-account volume needs).
             format!(

@@ -7,8 +7,11 @@ use std::path::Path;
 
 use super::images::PAUSE_IMAGE;
 
-/// The pods' subnet on the node's bridge (private to the node's network namespace).
-pub const POD_SUBNET: &str = "10.244.0.0/24";
+/// Every node's pod subnet lies in this range (each node's [`NodeNetwork::pod_subnet`]
+/// is a /24 of it): kube-proxy's `--cluster-cidr`.
+///
+/// [`NodeNetwork::pod_subnet`]: super::NodeNetwork::pod_subnet
+pub const CLUSTER_POD_CIDR: &str = "10.244.0.0/16";
 /// The port the kubelet serves on (exec, logs); free in the node's own namespace.
 pub const KUBELET_PORT: u16 = 10250;
 
@@ -50,13 +53,13 @@ state = "{d}/containerd/state"
 
 /// A bridge with the node as the pods' gateway; `ipMasq` so pod traffic to the apiserver
 /// (outside the namespace) leaves with the node's address, which the host can answer.
-pub fn cni(dir: &Path) -> String {
+pub fn cni(dir: &Path, pod_subnet: &str) -> String {
     serde_json::json!({
         "cniVersion": "0.4.0",
         "name": "podprobe",
         "plugins": [
             {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true,
-             "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+             "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_subnet}]],
                       "routes": [{"dst": "0.0.0.0/0"}],
                       "dataDir": dir.join("cni-ipam")}},
             {"type": "loopback"}

@@ -37,7 +37,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 pub use cleanup::Leftovers;
-pub use config::{KUBELET_PORT, POD_SUBNET};
+pub use config::{CLUSTER_POD_CIDR, KUBELET_PORT};
 pub use kruise_daemon::KruiseDaemon;
 pub use network::NodeNetwork;
 pub use network::ServiceRange;
@@ -186,7 +186,10 @@ impl Node {
     fn start_containerd(&mut self) -> Result<(), Error> {
         let dir = self.dir.path();
         std::fs::create_dir_all(dir.join("cni"))?;
-        std::fs::write(dir.join("cni/10-podprobe.conflist"), config::cni(dir))?;
+        std::fs::write(
+            dir.join("cni/10-podprobe.conflist"),
+            config::cni(dir, &self.network.pod_subnet()),
+        )?;
         std::fs::write(
             dir.join("containerd.toml"),
             config::containerd(dir, &self.socket()),
@@ -263,7 +266,7 @@ impl Node {
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--hostname-override={}", self.name),
             "--proxy-mode=iptables".to_owned(),
-            format!("--cluster-cidr={POD_SUBNET}"),
+            format!("--cluster-cidr={CLUSTER_POD_CIDR}"),
             // The conntrack table size is a host-wide sysctl: leave it alone.
             "--conntrack-max-per-core=0".to_owned(),
             "--v=1".to_owned(),

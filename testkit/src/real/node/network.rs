@@ -9,6 +9,11 @@
 //! node's control plane (started on the host side's address) gets Service addresses of its own,
 //! `10.96.<n>.0/24` ([`ServiceRange`]), which the host routes to this node alone: two node tests
 //! can run side by side without one's apiserver reaching the other's webhooks.
+//!
+//! The node's pods get `10.244.<n>.0/24` ([`NodeNetwork::pod_subnet`]), which the host routes
+//! to the node too: two nodes of one control plane (a kubelet node beside a virtual node, each
+//! in its network) reach each other's pods through the host, and reach the apiserver on the
+//! first network's host side, an address of the host's own.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
@@ -117,6 +122,11 @@ impl NodeNetwork {
         Ipv4Addr::new(10, 213, self.index, 2)
     }
 
+    /// The subnet the node's CNI bridge gives its pods.
+    pub fn pod_subnet(&self) -> String {
+        format!("10.244.{}.0/24", self.index)
+    }
+
     /// The namespace's name under `/run/netns`.
     pub fn netns(&self) -> &str {
         &self.netns
@@ -129,6 +139,7 @@ impl NodeNetwork {
         let host_ip = self.host_ip().to_string();
         let node_ip = self.node_ip().to_string();
         let service_cidr = ServiceRange::of_apiserver(self.host_ip()).cidr();
+        let pod_subnet = self.pod_subnet();
         // Holding the veth pair makes the index ours; a namespace of that name can only be
         // left over from a test process that was killed before it cleaned up.
         let _ = Command::new("ip").args(["netns", "del", &netns]).output();
@@ -150,6 +161,16 @@ impl NodeNetwork {
                 "route",
                 "replace",
                 &service_cidr,
+                "via",
+                &node_ip,
+                "dev",
+                &host,
+            ],
+            vec![
+                "ip",
+                "route",
+                "replace",
+                &pod_subnet,
                 "via",
                 &node_ip,
                 "dev",

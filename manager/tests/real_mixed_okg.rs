@@ -1,20 +1,22 @@
-//! OpenKruise Game on a serverless node, podprobe running its service qualities: on a real
-//! kubelet node labelled `type=virtual-kubelet` (Kruise's serverless path: no kruise-daemon
-//! probes there), kruise-manager with `EnablePodProbeMarkerOnServerless` and OpenKruise Game's
-//! manager (both built from their pinned modules, installed from their own manifests), and
-//! podprobe's chart installed in companion mode by the README's companion install (the recipe
-//! gives the same commands), with the chart's defaults. The recipe `examples/recipes/okg-serverless.yaml` is applied as committed but for
-//! its placeholder image: the GameServerSet's serviceQualities become OKG's PodProbeMarker,
-//! Kruise's webhook writes the probes into each pod, the injected sidecar runs them in the
-//! game container, and OKG turns the conditions into each GameServer's opsState; scale-in then
-//! removes the idle server, not the highest ordinal.
+//! OpenKruise Game on a mixed cluster, on the virtual node: a kubelet node where the
+//! Deployments run (podprobe's manager, installed by the README's companion install with the
+//! chart's defaults) beside a virtual node with azure-aci v1.6.4's behaviour (`vk-cri --aci` on
+//! the library v1.11.0: its pod rules, its volumes, its exec without an exit status, the
+//! status written whole every 5 s) that runs the game servers. kruise-manager has
+//! `EnablePodProbeMarkerOnServerless` and OpenKruise Game's manager runs beside it (both built
+//! from their pinned modules, installed from their own manifests). The recipe
+//! `examples/recipes/okg-serverless.yaml` is applied as committed but for its placeholder
+//! image and command: kube-scheduler places the GameServerSet's pods on the virtual node, its
+//! serviceQualities become OKG's PodProbeMarker, Kruise's webhook writes the probes into each
+//! pod, the injected sidecar runs them (the idle exec probe through the exec agent in the
+//! game container, the http one over the pod's network), and OKG turns the conditions into
+//! each GameServer's opsState; scale-in then removes the idle server, not the highest ordinal.
 
 mod cluster;
 mod installed;
 mod on_node;
 mod support;
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -23,10 +25,10 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE};
-use testkit::real::{ControlPlane, KruiseGame, NodeOptions};
+use testkit::real::{ControlPlane, KruiseGame, Library, VirtualAgent};
 
 use on_node::{
-    chart_default_images, exec, node_for_workloads, readme_blocks, run_as_user, workspace,
+    chart_default_images, mixed_cluster, readme_blocks, run_as_user, runtime_exec, workspace,
 };
 use support::condition_status;
 
@@ -36,6 +38,8 @@ const RECIPE: &str = "examples/recipes/okg-serverless.yaml";
 const IDLE: &str = "game.kruise.io/idle";
 const HEALTHY: &str = "game.kruise.io/healthy";
 const LIMIT: Duration = Duration::from_secs(90);
+/// The test game server image's entrypoint.
+const GAMESERVER_COMMAND: &str = "/usr/local/bin/gameserver";
 
 fn game_resource(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("game.kruise.io", "v1alpha1", kind))
@@ -64,9 +68,10 @@ fn companion_install_commands() -> String {
     companion.clone()
 }
 
-/// The recipe's GameServerSet, its placeholder image replaced by the test game server (which
-/// answers `/idle.sh` and `/healthz` as the recipe expects), imported on the node, not pulled:
-/// there is no registry (Kruise's Advanced StatefulSet defaults the pull policy to `Always`).
+/// The recipe's GameServerSet, its placeholder image and command replaced by the test game
+/// server's (which answers `/idle.sh` and `/healthz` as the recipe expects), imported on the
+/// node, not pulled: there is no registry (Kruise's Advanced StatefulSet defaults the pull
+/// policy to `Always`).
 fn recipe_game_server_set() -> Value {
     let text = std::fs::read_to_string(workspace().join(RECIPE)).unwrap();
     let mut docs = cluster::documents(&text);
@@ -75,6 +80,11 @@ fn recipe_game_server_set() -> Value {
     assert_eq!(set["kind"], "GameServerSet");
     let container = &mut set["spec"]["gameServerTemplate"]["spec"]["containers"][0];
     container["image"] = json!(GAMESERVER_IMAGE);
+    assert!(
+        container["command"].is_array(),
+        "the recipe gives the game container's command (the exec agent wraps it)"
+    );
+    container["command"] = json!([GAMESERVER_COMMAND]);
     container["imagePullPolicy"] = json!("IfNotPresent");
     set
 }
@@ -233,12 +243,14 @@ async fn wait_pod(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle_server() {
-    let options = NodeOptions {
-        labels: BTreeMap::from([("type".to_owned(), "virtual-kubelet".to_owned())]),
-        ..NodeOptions::default()
+async fn okg_opsstate_on_a_mixed_clusters_virtual_node_follows_podprobe_and_scale_in_removes_the_idle_server()
+ {
+    let aci = VirtualAgent {
+        library: Library::V1_11,
+        aci: true,
+        ..VirtualAgent::default()
     };
-    let (mut cp, node) = node_for_workloads(options).await;
+    let (mut cp, node, virtual_node) = mixed_cluster(aci).await;
     cp.start_kruise_manager()
         .await
         .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
@@ -247,7 +259,9 @@ async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle
         .unwrap_or_else(|e| panic!("kruise-game: {e}"));
     let (manager_image, sidecar_image) = chart_default_images();
     node.tag_image(MANAGER_IMAGE, &manager_image).unwrap();
-    node.tag_image(SIDECAR_IMAGE, &sidecar_image).unwrap();
+    virtual_node
+        .tag_image(SIDECAR_IMAGE, &sidecar_image)
+        .unwrap();
     run_as_user(&cp, &node, &companion_install_commands());
     kubectl_apply(&cp, &recipe_game_server_set());
 
@@ -266,6 +280,11 @@ async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle
                 && condition_status(p, HEALTHY).as_deref() == Some("True")
         })
         .await;
+        assert_eq!(
+            pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+            Some(virtual_node.name()),
+            "{name}: placed on the virtual node"
+        );
         let annotated = pod
             .metadata
             .annotations
@@ -282,9 +301,18 @@ async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle
         .await;
     }
 
-    // Players join arena-1 and arena-2: busy, so None.
+    // Players join arena-1 and arena-2: busy, so None. (The game's state is changed through
+    // the node's runtime: azure-aci's exec runs a command without arguments. Through it, the
+    // probe would read idle whatever the file says: only the exec agent gives this result.)
     for name in ["arena-1", "arena-2"] {
-        exec(&pods, name, "arena", "touch /var/run/game/players").await;
+        runtime_exec(
+            &virtual_node,
+            &pods,
+            name,
+            "arena",
+            "touch /var/run/game/players",
+        )
+        .await;
     }
     for name in ["arena-1", "arena-2"] {
         wait_server(&servers, name, "None, idle False", |s| {
@@ -295,12 +323,26 @@ async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle
 
     // arena-2's health check fails: Maintaining. When it passes again OKG records it; the
     // recipe leaves the server in Maintaining (no action on healthy=true: see the recipe).
-    exec(&pods, "arena-2", "arena", "touch /var/run/game/unhealthy").await;
+    runtime_exec(
+        &virtual_node,
+        &pods,
+        "arena-2",
+        "arena",
+        "touch /var/run/game/unhealthy",
+    )
+    .await;
     wait_server(&servers, "arena-2", "Maintaining, healthy False", |s| {
         ops_state(s) == "Maintaining" && quality_status(s, "healthy") == "False"
     })
     .await;
-    exec(&pods, "arena-2", "arena", "rm /var/run/game/unhealthy").await;
+    runtime_exec(
+        &virtual_node,
+        &pods,
+        "arena-2",
+        "arena",
+        "rm /var/run/game/unhealthy",
+    )
+    .await;
     let server = wait_server(&servers, "arena-2", "healthy True", |s| {
         quality_status(s, "healthy") == "True"
     })
@@ -317,6 +359,8 @@ async fn okg_opsstate_follows_podprobes_conditions_and_scale_in_removes_the_idle
     // kruise-game stays up until the node has stopped: its pod webhook (failurePolicy Fail)
     // also admits the kubelet's final deletion of the terminating pods.
     scale(&sets, &pods, 0, &[]).await;
+    let leftovers = virtual_node.stop(&cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     let leftovers = node.stop(&cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     drop(okg);
