@@ -167,6 +167,8 @@ impl From<RunArgs> for SidecarOptions {
             }),
             metrics_addr: args.metrics_addr,
             overwrite_repair: args.overwrite_repair.into(),
+            only_on_virtual_nodes: args.only_on_virtual_nodes,
+            node_name: args.node_name.filter(|n| !n.is_empty()),
             exec_mode: args.exec_mode.into(),
             exec_agent: AgentExec {
                 dir: args.exec_agent_dir,
@@ -294,6 +296,18 @@ struct RunArgs {
     /// keeps under which provider.
     #[arg(long, value_enum, default_value_t = Repair::AfterChange, env = "PODPROBE_OVERWRITE_REPAIR")]
     overwrite_repair: Repair,
+
+    /// Probe only when this pod's node is labelled type=virtual-kubelet, as OpenKruise
+    /// classifies serverless pods; on any other node OpenKruise's kruise-daemon probes the pod,
+    /// and the sidecar stands down: it logs why and probes and writes nothing until it stops.
+    /// Reads the node once (`get nodes`); if it cannot, it probes. The manager's injection
+    /// sets this in companion mode.
+    #[arg(long, env = "PODPROBE_ONLY_ON_VIRTUAL_NODES")]
+    only_on_virtual_nodes: bool,
+
+    /// This pod's node (downward API `spec.nodeName`), for `--only-on-virtual-nodes`.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

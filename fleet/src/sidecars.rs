@@ -68,6 +68,9 @@ pub fn options(
             ..EventBudget::default()
         }),
         metrics_addr: None,
+        // The fleet is standalone mode's: no kruise-daemon to leave pods to.
+        only_on_virtual_nodes: false,
+        node_name: None,
         exec_mode: match pod.agent_dir {
             Some(_) => ExecMode::Auto,
             None => ExecMode::Local,

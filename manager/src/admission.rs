@@ -24,6 +24,9 @@ pub struct Injection<'a> {
     pub native_sidecars_supported: bool,
     /// The admission request's uid (names a virtual-node pod's token Secret).
     pub request_uid: &'a str,
+    /// Companion mode: the sidecar probes only on `type=virtual-kubelet` nodes, kruise-daemon
+    /// elsewhere.
+    pub companion: bool,
 }
 
 /// The patch for one pod, and what went into it.
@@ -68,6 +71,7 @@ pub fn mutate(
             probe_condition_types: &conditions,
             exec_probe_containers: &exec_containers,
             request_uid: injection.request_uid,
+            companion: injection.companion,
         };
         let sidecar = inject_ops(pod, injection.config, &ctx);
         injected = !sidecar.is_empty();
@@ -126,6 +130,7 @@ mod tests {
             namespace_labels: None,
             native_sidecars_supported: true,
             request_uid: "uid-1",
+            companion: false,
         }
     }
 

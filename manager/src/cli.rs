@@ -81,6 +81,18 @@ pub struct RenderArgs {
     /// `nativeSidecar: auto`.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub native_sidecars: bool,
+    /// The webhook's mode: `standalone` writes the `kruise.io/podprobe` annotations itself;
+    /// `companion` leaves them to OpenKruise's webhook and tells the sidecar to probe only on
+    /// `type=virtual-kubelet` nodes (kruise-daemon probes pods on the others).
+    #[arg(long, value_enum, default_value_t = RenderMode::Standalone)]
+    pub mode: RenderMode,
+}
+
+/// `render --mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RenderMode {
+    Standalone,
+    Companion,
 }
 
 #[derive(Debug, clap::Args)]
@@ -197,9 +209,11 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
         native_sidecars_supported: args.native_sidecars,
         // No admission request: the token Secret (virtual-node shape) gets a fixed name.
         request_uid: "",
+        companion: args.mode == RenderMode::Companion,
     });
-    // As the webhook in standalone mode (in companion mode OpenKruise writes the annotations).
-    let mutation = admission::mutate(&pod, &ppms, true, injection);
+    // As the webhook (in companion mode OpenKruise writes the annotations).
+    let standalone = args.mode == RenderMode::Standalone;
+    let mutation = admission::mutate(&pod, &ppms, standalone, injection);
     let mut notes = Vec::new();
     let mut exec_notes = Vec::new();
     if mutation.annotations.is_none() {
@@ -217,8 +231,13 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
             let virtual_node = shape == inject::shape::Shape::VirtualNode;
             let agent = inject::agent::plan(spec, config, &exec_containers, virtual_node);
             exec_notes = agent.decisions.iter().map(|d| d.note()).collect();
+            let executor = if standalone {
+                ""
+            } else {
+                "; companion mode: it probes only if the pod's node is labelled type=virtual-kubelet, and stands down on other nodes, where OpenKruise's kruise-daemon probes the pod"
+            };
             format!(
-                "sidecar injected in the {} shape ({})",
+                "sidecar injected in the {} shape ({}){executor}",
                 shape.as_str(),
                 inject::shape::explain(spec, config)
             )
@@ -366,6 +385,27 @@ status:
         // The test pod's container has no command: its exec probe cannot use the agent.
         assert!(
             out.notes[1].contains("\"main\"") && out.notes[1].contains("no command"),
+            "{:?}",
+            out.notes
+        );
+
+        assert!(!out.notes[0].contains("kruise-daemon"), "{:?}", out.notes);
+
+        let companion: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(["--mode", "companion"])
+            .collect();
+        let out = run(&parse(&companion)).unwrap();
+        let pod: serde_json::Value = serde_saphyr::from_str(&out.stdout).unwrap();
+        assert!(
+            pod["metadata"]["annotations"]
+                .get("kruise.io/podprobe")
+                .is_none(),
+            "OpenKruise writes the annotations in companion mode"
+        );
+        assert!(
+            out.notes[0].contains("stands down on other nodes, where OpenKruise's kruise-daemon"),
             "{:?}",
             out.notes
         );

@@ -36,6 +36,9 @@ pub struct InjectContext<'a> {
     pub exec_probe_containers: &'a [String],
     /// The admission request's uid: names the Secret of a virtual-node pod's token.
     pub request_uid: &'a str,
+    /// Companion mode: OpenKruise's kruise-daemon probes pods on nodes not labelled
+    /// `type=virtual-kubelet`, where the sidecar stands down.
+    pub companion: bool,
 }
 
 /// Whether the pod (by its metadata) opted in: pod label `enabled`, or namespace label
@@ -58,6 +61,28 @@ fn label_value<'a>(labels: Option<&'a BTreeMap<String, String>>, key: &str) -> O
 
 /// The sidecar's metrics port name, which the chart's PodMonitor scrapes.
 pub const SIDECAR_METRICS_PORT_NAME: &str = "podprobe-metric";
+
+/// What the sidecar is told in companion mode: its node, and to probe only on virtual nodes.
+fn companion_env() -> [EnvVar; 2] {
+    [
+        EnvVar {
+            name: "NODE_NAME".into(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    api_version: None,
+                    field_path: "spec.nodeName".into(),
+                }),
+                ..Default::default()
+            }),
+        },
+        EnvVar {
+            name: "PODPROBE_ONLY_ON_VIRTUAL_NODES".into(),
+            value: Some("true".into()),
+            value_from: None,
+        },
+    ]
+}
 
 /// The sidecar container in `shape`, independent of where it goes.
 pub fn sidecar_container(config: &InjectionConfig, shape: Shape, native: bool) -> Container {
@@ -201,6 +226,11 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
     let native =
         shape == Shape::Kubelet && config.native_sidecar.enabled(ctx.native_sidecars_supported);
     let mut sidecar = sidecar_container(config, shape, native);
+    if ctx.companion {
+        // The node is known only once the pod is bound: the sidecar reads it and stands
+        // down where kruise-daemon probes (src/sidecar/executor.rs). One executor per pod.
+        sidecar.env.get_or_insert_default().extend(companion_env());
+    }
     // First: the token's ops remove by index, which appends after them do not disturb.
     // A pod bound at creation cannot be held by a scheduling gate (the apiserver refuses
     // gates beside spec.nodeName), and a write to it while its provider starts it can cost it
@@ -384,6 +414,24 @@ mod tests {
         ));
         let ctx = InjectContext::default();
         assert!(inject_ops(&pod(&[]), &c, &ctx).is_empty());
+    }
+
+    #[test]
+    fn in_companion_mode_the_sidecar_learns_its_node_and_probes_only_on_virtual_nodes() {
+        let p = pod(ENABLED);
+        for companion in [false, true] {
+            let ctx = InjectContext {
+                native_sidecars_supported: true,
+                companion,
+                ..Default::default()
+            };
+            let out = applied(&p, &inject_ops(&p, &config(), &ctx));
+            let sidecar = &out.spec.unwrap().init_containers.unwrap()[0];
+            let env = env_of(sidecar);
+            let told = env.contains(&("NODE_NAME", "spec.nodeName"))
+                && env.contains(&("PODPROBE_ONLY_ON_VIRTUAL_NODES", "true"));
+            assert_eq!(told, companion, "{env:?}");
+        }
     }
 
     #[test]

@@ -177,6 +177,7 @@ impl Webhooks {
             namespace_labels: labels.as_ref(),
             native_sidecars_supported: self.native_sidecars_supported,
             request_uid: &req.uid,
+            companion: self.mode == Mode::Companion,
         });
         Ok(admission::mutate(&pod, &ppms, self.mode == Mode::Standalone, injection).ops)
     }

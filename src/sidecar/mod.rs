@@ -2,6 +2,7 @@
 //! worker per probe in line with the annotation, and writes results as pod conditions.
 
 mod drift;
+pub mod executor;
 mod probing;
 mod repair;
 
@@ -49,6 +50,11 @@ pub struct SidecarOptions {
     pub exec_agent: AgentExec,
     /// How soon a condition another writer removed or changed is written back.
     pub overwrite_repair: RepairPolicy,
+    /// Probe only on a node labelled `type=virtual-kubelet`; elsewhere OpenKruise's
+    /// kruise-daemon probes the pod and the sidecar stands down ([`executor`]).
+    pub only_on_virtual_nodes: bool,
+    /// `NODE_NAME`: the node the pod runs on.
+    pub node_name: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +133,27 @@ async fn run_with(
             "POD_UID is not set and the file source does not carry the pod's uid: no condition \
              will be written; set POD_UID from the downward API (fieldPath: metadata.uid)"
         );
+    }
+    if options.only_on_virtual_nodes {
+        let decided = tokio::select! {
+            decided = executor::decide(&clients.requests, options.node_name.as_deref()) => decided,
+            () = &mut shutdown => return Ok(()),
+        };
+        match decided {
+            executor::Executor::KruiseDaemon { node } => {
+                tracing::info!(
+                    "node {node} is not labelled type=virtual-kubelet: OpenKruise's kruise-daemon \
+                     probes this pod there, so this sidecar stands down (it probes nothing and \
+                     writes nothing until it stops)"
+                );
+                metrics.set_ready(true);
+                shutdown.await;
+                return Ok(());
+            }
+            executor::Executor::Sidecar { why } => {
+                tracing::info!("this sidecar probes the pod: {why}")
+            }
+        }
     }
     let client = &clients.requests;
     let answered = ApiserverAnswered::default();

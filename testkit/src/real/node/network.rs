@@ -71,23 +71,25 @@ impl NodeNetwork {
         for step in 0..200u8 {
             // In u16: start and step are each up to 199.
             let index = 1 + ((u16::from(start) + u16::from(step)) % 200) as u8;
-            let network = NodeNetwork {
-                index,
-                netns: format!("podprobe-node-{index}"),
-            };
+            // The network is made (and so dropped, which deletes) only once its pair is ours:
+            // a candidate whose index another network holds must not delete that network.
             let claimed = Command::new("ip")
                 .args([
                     "link",
                     "add",
-                    &network.host_link(),
+                    &host_link(index),
                     "type",
                     "veth",
                     "peer",
                     "name",
                 ])
-                .arg(network.node_link())
+                .arg(node_link(index))
                 .output()?;
             if claimed.status.success() {
+                let network = NodeNetwork {
+                    index,
+                    netns: format!("podprobe-node-{index}"),
+                };
                 network.set_up()?;
                 return Ok(network);
             }
@@ -105,11 +107,11 @@ impl NodeNetwork {
     }
 
     fn host_link(&self) -> String {
-        format!("pp{}h", self.index)
+        host_link(self.index)
     }
 
     fn node_link(&self) -> String {
-        format!("pp{}n", self.index)
+        node_link(self.index)
     }
 
     /// The host side's address: where the apiserver listens for the node.
@@ -200,6 +202,14 @@ impl NodeNetwork {
         full.extend(command);
         run(&full)
     }
+}
+
+fn host_link(index: u8) -> String {
+    format!("pp{index}h")
+}
+
+fn node_link(index: u8) -> String {
+    format!("pp{index}n")
 }
 
 fn run(command: &[&str]) -> Result<String, Error> {
