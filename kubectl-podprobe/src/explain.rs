@@ -181,7 +181,16 @@ fn probes_link(facts: &PodFacts) -> Link {
 fn sidecar_link(facts: &PodFacts, settings: &Settings) -> Link {
     let name = &settings.sidecar_container;
     match inspect::sidecar(&facts.pod, name) {
-        Sidecar::Ready => link("sidecar", true, format!("container {name} is ready")),
+        Sidecar::Ready => match inspect::node_kind(facts, settings) {
+            NodeKind::Regular(node) if stands_down_off_virtual_nodes(&facts.pod, name) => link(
+                "sidecar",
+                true,
+                format!(
+                    "container {name} is ready and stands down on node {node}, which is not a virtual node: kruise-daemon probes this pod there (companion mode, one executor per pod)"
+                ),
+            ),
+            _ => link("sidecar", true, format!("container {name} is ready")),
+        },
         Sidecar::Missing => link(
             "sidecar",
             false,
@@ -397,12 +406,7 @@ fn overwrites_link(facts: &PodFacts, settings: &Settings) -> Option<Link> {
 /// The sidecar container's `--overwrite-repair` as its pod spec sets it: the flag (which wins),
 /// else `PODPROBE_OVERWRITE_REPAIR`; `None`: the sidecar's default.
 fn repair_policy(pod: &k8s_openapi::api::core::v1::Pod, sidecar: &str) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    let container = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .find(|c| c.name == sidecar)?;
+    let container = container(pod, sidecar)?;
     let words: Vec<&str> = container
         .command
         .iter()
@@ -423,6 +427,36 @@ fn repair_policy(pod: &k8s_openapi::api::core::v1::Pod, sidecar: &str) -> Option
             .find_map(|e| e.value.as_deref())
     };
     flag.or_else(env).map(str::to_owned)
+}
+
+/// Whether the sidecar container was told `--only-on-virtual-nodes` (flag or env), as
+/// injection in companion mode does.
+fn stands_down_off_virtual_nodes(pod: &k8s_openapi::api::core::v1::Pod, sidecar: &str) -> bool {
+    let Some(container) = container(pod, sidecar) else {
+        return false;
+    };
+    let flag = container
+        .command
+        .iter()
+        .chain(container.args.iter())
+        .flatten()
+        .any(|w| w == "--only-on-virtual-nodes" || w == "--only-on-virtual-nodes=true");
+    let env =
+        container.env.iter().flatten().any(|e| {
+            e.name == "PODPROBE_ONLY_ON_VIRTUAL_NODES" && e.value.as_deref() == Some("true")
+        });
+    flag || env
+}
+
+fn container<'a>(
+    pod: &'a k8s_openapi::api::core::v1::Pod,
+    name: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::Container> {
+    let spec = pod.spec.as_ref()?;
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|c| c.name == name)
 }
 
 /// The field managers other than podprobe's that wrote the pod's status, newest first, each
@@ -645,6 +679,36 @@ mod tests {
         let spec = f.pod.spec.as_mut().unwrap();
         spec.containers.retain(|c| c.name != "podprobe");
         assert_eq!(exec_links(&f, &settings), Vec::new());
+    }
+
+    #[test]
+    fn a_sidecar_told_to_stand_down_on_a_kubelet_node_says_kruise_daemon_probes() {
+        let on = |node_labels: serde_json::Value, env: serde_json::Value| {
+            let mut f = facts(Vec::new());
+            f.pod = serde_json::from_value(json!({"metadata": {"name": "gs-0"},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "main"},
+                    {"name": "podprobe", "env": env}]},
+                "status": {"containerStatuses": [{"name": "podprobe", "ready": true,
+                    "image": "", "imageID": "", "restartCount": 0}]}}))
+            .unwrap();
+            f.node = Some(
+                serde_json::from_value(
+                    json!({"metadata": {"name": "node-1", "labels": node_labels}}),
+                )
+                .unwrap(),
+            );
+            sidecar_link(&f, &settings("2026-11-25T13:00:00Z"))
+        };
+        let told = json!([{"name": "PODPROBE_ONLY_ON_VIRTUAL_NODES", "value": "true"}]);
+        let kubelet = on(json!({}), told.clone());
+        assert!(
+            kubelet.ok && kubelet.finding.contains("stands down on node node-1"),
+            "{kubelet:?}"
+        );
+        let virtual_node = on(json!({"type": "virtual-kubelet"}), told);
+        assert_eq!(virtual_node.finding, "container podprobe is ready");
+        let standalone = on(json!({}), json!([]));
+        assert_eq!(standalone.finding, "container podprobe is ready");
     }
 
     #[test]
