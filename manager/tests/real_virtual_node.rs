@@ -157,6 +157,17 @@ async fn virtual_node_runs_the_injected_pod_and_its_probes() {
 }
 
 /// The same on the library azure-aci v1.6.4 is built on.
+/// The same on interLink's behaviour: the provider's status carries the condition `Ready`
+/// alone, written whole every sync.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_ready_only_runs_the_injected_pod_and_its_probes() {
+    runs_the_injected_pod_and_its_probes(VirtualAgent {
+        ready_only: true,
+        ..VirtualAgent::default()
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_v1_11_runs_the_injected_pod_and_its_probes() {
     runs_the_injected_pod_and_its_probes(VirtualAgent {
@@ -352,12 +363,28 @@ async fn virtual_node_aci_exec_through_pods_exec_reports_success_whatever_the_co
 /// `emptyDir` where the provider keeps it), and not one `pods/exec` request.
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_aci_runs_exec_probes_through_the_agent_by_default() {
-    use podprobe_manager::inject::agent;
-    let agent = VirtualAgent {
+    runs_exec_probes_through_the_agent(VirtualAgent {
         library: testkit::real::Library::V1_11,
         aci: true,
         ..VirtualAgent::default()
-    };
+    })
+    .await;
+}
+
+/// The same under Alibaba ECI's exec quota, cut to one call a minute: the idle probe (every
+/// 2 s) runs through the agent and spends none of it (through `pods/exec` the second attempt
+/// would be refused).
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_exec_quota_is_not_spent_by_the_agent() {
+    runs_exec_probes_through_the_agent(VirtualAgent {
+        exec_quota: Some(1),
+        ..VirtualAgent::default()
+    })
+    .await;
+}
+
+async fn runs_exec_probes_through_the_agent(agent: VirtualAgent) {
+    use podprobe_manager::inject::agent;
     let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
     let cp = &running.cp;
     Api::namespaced(cp.client(), NS)

@@ -268,6 +268,12 @@ fn resolved_env(
                 Some("metadata.namespace") => meta.namespace.clone().unwrap(),
                 Some("metadata.uid") => meta.uid.clone().unwrap(),
                 Some("status.podIP") => "127.0.0.1".to_owned(),
+                // Empty while unbound, as the kubelet would never see it.
+                Some("spec.nodeName") => pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default(),
                 Some(other) => {
                     panic!("the injected env reads {other}, which the tests do not resolve")
                 }
