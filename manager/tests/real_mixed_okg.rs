@@ -22,7 +22,6 @@ mod installed;
 mod on_node;
 mod support;
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -33,8 +32,8 @@ use testkit::real::node::images::{GAMESERVER_IMAGE, MANAGER_IMAGE, SIDECAR_IMAGE
 use testkit::real::{ControlPlane, KruiseGame, Library, VirtualAgent};
 
 use on_node::{
-    SIDECAR, chart_default_images, logs, mixed_cluster, readme_blocks, run_as_user, runtime_exec,
-    workspace,
+    SIDECAR, chart_default_images, kubectl_apply, logs, mixed_cluster, readme_blocks, run_as_user,
+    runtime_exec, workspace,
 };
 use support::condition_status;
 
@@ -118,25 +117,6 @@ fn recipe_game_server_set() -> Value {
     container["command"] = json!([GAMESERVER_COMMAND]);
     container["imagePullPolicy"] = json!("IfNotPresent");
     set
-}
-
-fn kubectl_apply(cp: &ControlPlane, doc: &Value) {
-    let mut child = cp
-        .kubectl()
-        .unwrap()
-        .args(["apply", "-n", GAMES, "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    serde_json::to_writer(child.stdin.take().unwrap(), doc).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A GameServer's `spec.opsState` and its service quality `name`'s status as OKG recorded it.
@@ -298,8 +278,8 @@ async fn okg_opsstate_on_a_mixed_clusters_virtual_node_follows_podprobe_and_scal
         each.tag_image(SIDECAR_IMAGE, &sidecar_image).unwrap();
     }
     run_as_user(&cp, &node, &companion_install_commands());
-    kubectl_apply(&cp, &recipe_game_server_set());
-    kubectl_apply(&cp, &kubelet_game_server_set());
+    kubectl_apply(&cp, GAMES, &recipe_game_server_set());
+    kubectl_apply(&cp, GAMES, &kubelet_game_server_set());
 
     let pods: Api<Pod> = Api::namespaced(cp.client(), GAMES);
     let servers: Api<DynamicObject> =
@@ -373,18 +353,14 @@ async fn okg_opsstate_on_a_mixed_clusters_virtual_node_follows_podprobe_and_scal
     );
     sets.delete(LOBBY, &Default::default()).await.unwrap();
 
+    // The game's state, changed in the arena container through the virtual node's runtime.
+    let in_game = |name, script| runtime_exec(&virtual_node, &pods, name, "arena", script);
+
     // Players join arena-1 and arena-2: busy, so None. (The game's state is changed through
     // the node's runtime: azure-aci's exec runs a command without arguments. Through it, the
     // probe would read idle whatever the file says: only the exec agent gives this result.)
     for name in ["arena-1", "arena-2"] {
-        runtime_exec(
-            &virtual_node,
-            &pods,
-            name,
-            "arena",
-            "touch /var/run/game/players",
-        )
-        .await;
+        in_game(name, "touch /var/run/game/players").await;
     }
     for name in ["arena-1", "arena-2"] {
         wait_server(&servers, name, "None, idle False", |s| {
@@ -394,14 +370,7 @@ async fn okg_opsstate_on_a_mixed_clusters_virtual_node_follows_podprobe_and_scal
     }
 
     // arena-2's health check fails: Maintaining (healthy's action runs after idle's).
-    runtime_exec(
-        &virtual_node,
-        &pods,
-        "arena-2",
-        "arena",
-        "touch /var/run/game/unhealthy",
-    )
-    .await;
+    in_game("arena-2", "touch /var/run/game/unhealthy").await;
     wait_server(&servers, "arena-2", "Maintaining, healthy False", |s| {
         ops_state(s) == "Maintaining" && quality_status(s, "healthy") == "False"
     })
@@ -412,14 +381,7 @@ async fn okg_opsstate_on_a_mixed_clusters_virtual_node_follows_podprobe_and_scal
     // are absent, OKG records them with no status, and the repaired condition reads to it as a
     // change, so it runs idle's action again: busy, so None (docs/providers.md, OpenKruise
     // Game). Seen within seconds of the recovery.
-    runtime_exec(
-        &virtual_node,
-        &pods,
-        "arena-2",
-        "arena",
-        "rm /var/run/game/unhealthy",
-    )
-    .await;
+    in_game("arena-2", "rm /var/run/game/unhealthy").await;
     wait_server(&servers, "arena-2", "healthy True, then None", |s| {
         quality_status(s, "healthy") == "True" && ops_state(s) == "None"
     })

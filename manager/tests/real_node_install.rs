@@ -13,7 +13,6 @@ mod on_node;
 mod support;
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -54,22 +53,7 @@ fn recipe(name: &str) -> Vec<Value> {
 /// `kubectl apply -n games` of `docs`, as a user applies a recipe.
 fn apply(cp: &ControlPlane, docs: &[Value]) {
     let list = json!({"apiVersion": "v1", "kind": "List", "items": docs});
-    let mut child = cp
-        .kubectl()
-        .unwrap()
-        .args(["apply", "-n", GAMES, "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    serde_json::to_writer(child.stdin.take().unwrap(), &list).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    on_node::kubectl_apply(cp, GAMES, &list);
 }
 
 /// Execs `sh -c :` in `pod`'s game container as `client`: `Ok` when it ran, else the apiserver's

@@ -247,6 +247,27 @@ pub async fn logs(pods: &Api<Pod>, pod: &str, container: &str) -> String {
         .unwrap_or_else(|e| panic!("logs of {pod}/{container}: {e}"))
 }
 
+/// `kubectl apply -n namespace -f -` of `doc`, as a user applies a manifest; panics unless it
+/// succeeded.
+pub fn kubectl_apply(cp: &ControlPlane, namespace: &str, doc: &serde_json::Value) {
+    let mut child = cp
+        .kubectl()
+        .unwrap()
+        .args(["apply", "-n", namespace, "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    serde_json::to_writer(child.stdin.take().unwrap(), doc).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Runs `sh -c script` in `container` of `pod` through `node`'s containerd (`ctr tasks
 /// exec`), not through the node's agent: the test's hand in the game's state where the
 /// agent's own exec cannot carry it (azure-aci's runs a command without arguments).
