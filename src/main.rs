@@ -204,7 +204,7 @@ struct RunArgs {
 
     /// Where the probes come from: `api` (a watch on this pod; also gives container statuses),
     /// `file` (the downward-API annotations file), or `auto` (api when the pod can be read, else
-    /// file; the first log line says which and why).
+    /// file; a log line at start says which and why).
     #[arg(long, value_enum, default_value_t = Source::Auto, env = "PODPROBE_SOURCE")]
     source: Source,
 

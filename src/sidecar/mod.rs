@@ -117,6 +117,30 @@ async fn run_with(
         chosen = source_and_clients(&options, &config) => chosen?,
         () = &mut shutdown => return Ok(()),
     };
+    // Before anything about probing is logged: a sidecar that stands down probes nothing.
+    if options.only_on_virtual_nodes {
+        let decided = tokio::select! {
+            decided = executor::decide(&clients.requests, options.node_name.as_deref()) => decided,
+            () = &mut shutdown => return Ok(()),
+        };
+        match decided {
+            executor::Executor::KruiseDaemon { node } => {
+                tracing::info!(
+                    version = env!("CARGO_PKG_VERSION"),
+                    pod = %format!("{}/{}", options.identity.namespace, options.identity.name),
+                    "node {node} is not labelled type=virtual-kubelet: OpenKruise's kruise-daemon \
+                     probes this pod there, so this sidecar stands down (it probes nothing and \
+                     writes nothing until it stops)"
+                );
+                metrics.set_ready(true);
+                shutdown.await;
+                return Ok(());
+            }
+            executor::Executor::Sidecar { why } => {
+                tracing::info!("this sidecar probes the pod: {why}")
+            }
+        }
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         pod = %format!("{}/{}", options.identity.namespace, options.identity.name),
@@ -133,27 +157,6 @@ async fn run_with(
             "POD_UID is not set and the file source does not carry the pod's uid: no condition \
              will be written; set POD_UID from the downward API (fieldPath: metadata.uid)"
         );
-    }
-    if options.only_on_virtual_nodes {
-        let decided = tokio::select! {
-            decided = executor::decide(&clients.requests, options.node_name.as_deref()) => decided,
-            () = &mut shutdown => return Ok(()),
-        };
-        match decided {
-            executor::Executor::KruiseDaemon { node } => {
-                tracing::info!(
-                    "node {node} is not labelled type=virtual-kubelet: OpenKruise's kruise-daemon \
-                     probes this pod there, so this sidecar stands down (it probes nothing and \
-                     writes nothing until it stops)"
-                );
-                metrics.set_ready(true);
-                shutdown.await;
-                return Ok(());
-            }
-            executor::Executor::Sidecar { why } => {
-                tracing::info!("this sidecar probes the pod: {why}")
-            }
-        }
     }
     let client = &clients.requests;
     let answered = ApiserverAnswered::default();
