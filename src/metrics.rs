@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use podprobe_ops::endpoints::Endpoints;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -51,9 +51,11 @@ struct Inner {
     attempts: Family<AttemptLabels, Counter>,
     durations: Family<ProbeLabels, Histogram>,
     state: Family<ProbeLabels, Gauge>,
+    erroring: Family<ProbeLabels, Gauge>,
     writes: Counter,
     write_errors: Family<WriteErrorLabels, Counter>,
     overwrites: Family<ConditionLabels, Counter>,
+    absent: Family<ConditionLabels, Counter<f64, AtomicU64>>,
     annotation_file_reads: Counter,
     pod_status_reads: Counter,
     ready: AtomicBool,
@@ -91,6 +93,12 @@ impl Metrics {
             "Published state per probe: 1 Succeeded, 0 Failed, -1 Unknown",
             state.clone(),
         );
+        let erroring = Family::<ProbeLabels, Gauge>::default();
+        own.register(
+            "probe_erroring",
+            "1 while a probe's latest attempt errored (no result: its state keeps the last one), else 0",
+            erroring.clone(),
+        );
         let writes = Counter::default();
         own.register(
             "status_writes",
@@ -108,6 +116,12 @@ impl Metrics {
             "condition_overwrites",
             "Times another writer removed or changed a condition podprobe published",
             overwrites.clone(),
+        );
+        let absent = Family::<ConditionLabels, Counter<f64, AtomicU64>>::default();
+        own.register(
+            "condition_absent_seconds",
+            "Time a condition podprobe published was missing or changed by another writer, from the pod view that showed the overwrite to the one that showed it back",
+            absent.clone(),
         );
         let annotation_file_reads = Counter::default();
         own.register(
@@ -127,9 +141,11 @@ impl Metrics {
                 attempts,
                 durations,
                 state,
+                erroring,
                 writes,
                 write_errors,
                 overwrites,
+                absent,
                 annotation_file_reads,
                 pod_status_reads,
                 ready: AtomicBool::new(false),
@@ -158,6 +174,10 @@ impl Metrics {
                 result,
             })
             .inc();
+        self.inner
+            .erroring
+            .get_or_create(&Self::labels(probe))
+            .set(i64::from(result == "errored"));
         if let Some(d) = duration {
             self.inner
                 .durations
@@ -166,10 +186,11 @@ impl Metrics {
         }
     }
 
-    /// A probe's series, at 0 from its start: its attempts by result and its condition's
-    /// overwrites, so alerts on them see the first event (a series appearing at 1 shows no
-    /// increase).
+    /// A probe's series, at 0 from its start: its attempts by result, whether it is erroring,
+    /// and its condition's overwrites, so alerts on them see the first event (a series
+    /// appearing at 1 shows no increase).
     pub fn track(&self, probe: &ProbeId) {
+        let _ = self.inner.erroring.get_or_create(&Self::labels(probe));
         for result in ["succeeded", "failed", "errored"] {
             let _ = self.inner.attempts.get_or_create(&AttemptLabels {
                 probe: probe.name.clone(),
@@ -177,9 +198,11 @@ impl Metrics {
                 result,
             });
         }
-        let _ = self.inner.overwrites.get_or_create(&ConditionLabels {
+        let condition = ConditionLabels {
             condition: probe.condition_type.clone(),
-        });
+        };
+        let _ = self.inner.overwrites.get_or_create(&condition);
+        let _ = self.inner.absent.get_or_create(&condition);
     }
 
     pub fn state(&self, probe: &ProbeId, state: ProbeState) {
@@ -196,6 +219,7 @@ impl Metrics {
 
     pub fn forget(&self, probe: &ProbeId) {
         self.inner.state.remove(&Self::labels(probe));
+        self.inner.erroring.remove(&Self::labels(probe));
     }
 
     pub fn write_ok(&self) {
@@ -218,6 +242,16 @@ impl Metrics {
                 condition: condition_type.to_owned(),
             })
             .inc();
+    }
+
+    /// `condition_type` was absent (or changed by another writer) for `how_long`.
+    pub fn absent(&self, condition_type: &str, how_long: std::time::Duration) {
+        self.inner
+            .absent
+            .get_or_create(&ConditionLabels {
+                condition: condition_type.to_owned(),
+            })
+            .inc_by(how_long.as_secs_f64());
     }
 
     /// The counter the file source increments on each read of the annotations file.
@@ -305,6 +339,34 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(
+            text.contains(
+                r#"podprobe_probe_erroring{probe="idle",condition="game.kruise.io/idle"} 0"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn erroring_follows_the_latest_attempt_and_goes_with_the_probe() {
+        let m = Metrics::new();
+        let erroring = |m: &Metrics| {
+            let text = m.encode();
+            text.lines()
+                .find(|l| l.starts_with("podprobe_probe_erroring{"))
+                .map(|l| l.rsplit_once(' ').unwrap().1.to_owned())
+        };
+        m.track(&id());
+        m.attempt(&id(), "succeeded", Some(std::time::Duration::ZERO));
+        m.attempt(&id(), "errored", None);
+        assert_eq!(erroring(&m).as_deref(), Some("1"));
+        // Tracking again (a new probe set) keeps what the attempts said.
+        m.track(&id());
+        assert_eq!(erroring(&m).as_deref(), Some("1"));
+        m.attempt(&id(), "failed", Some(std::time::Duration::ZERO));
+        assert_eq!(erroring(&m).as_deref(), Some("0"));
+        m.forget(&id());
+        assert_eq!(erroring(&m), None);
     }
 
     #[test]

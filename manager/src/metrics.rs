@@ -61,7 +61,17 @@ pub struct Metrics {
 }
 
 impl Default for Metrics {
+    /// The metrics of a replica that may lead (standalone mode).
     fn default() -> Self {
+        Self::new(true)
+    }
+}
+
+impl Metrics {
+    /// `may_lead`: the replica runs the controllers when it holds the Lease (standalone mode).
+    /// Otherwise `podprobe_manager_leader` is not exported: a series stuck at 0 would read as
+    /// "no replica leads" where none is meant to.
+    pub fn new(may_lead: bool) -> Self {
         let mut registry = Registry::default();
         podprobe_ops::process::register_process_metrics(&mut registry);
         let own = registry.sub_registry_with_prefix("podprobe_manager");
@@ -106,11 +116,13 @@ impl Default for Metrics {
             "PodProbeMarker status patches by outcome",
             status_updates.clone(),
         );
-        own.register(
-            "leader",
-            "1 while this replica holds the leader Lease",
-            leader.clone(),
-        );
+        if may_lead {
+            own.register(
+                "leader",
+                "1 while this replica holds the leader Lease",
+                leader.clone(),
+            );
+        }
         own.register(
             "cert_reloads",
             "Webhook certificate reloads",
@@ -303,5 +315,19 @@ mod tests {
         ] {
             assert!(text.contains(series), "{series} in {text}");
         }
+    }
+
+    #[test]
+    fn only_a_replica_that_may_lead_exports_the_leader_gauge() {
+        assert!(
+            Metrics::new(true)
+                .encode()
+                .contains("podprobe_manager_leader 0")
+        );
+        let companion = Metrics::new(false).encode();
+        assert!(
+            !companion.contains("podprobe_manager_leader"),
+            "{companion}"
+        );
     }
 }

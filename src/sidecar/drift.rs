@@ -4,6 +4,7 @@
 //! conditions to write back. The sidecar's loop does the writing, counting and telling; this
 //! unit decides, fed views and a clock.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PodCondition;
@@ -33,6 +34,10 @@ pub struct Drift {
     /// Whether views show the pod's conditions (the apiserver source), so overwrites can be seen.
     sees_conditions: bool,
     status_writers: Vec<StatusWriter>,
+    /// Each overwritten condition not yet seen back, and up to when its absence is counted.
+    absent: HashMap<String, Instant>,
+    /// Absence counted since the last [`Drift::take_absent`].
+    absent_time: Vec<(String, Duration)>,
 }
 
 impl Drift {
@@ -42,6 +47,8 @@ impl Drift {
             repairs: Repairs::new(policy),
             sees_conditions: false,
             status_writers: Vec::new(),
+            absent: HashMap::new(),
+            absent_time: Vec::new(),
         }
     }
 
@@ -68,12 +75,37 @@ impl Drift {
         writing: impl Fn(&str) -> WriteProgress,
         now: Instant,
     ) -> Vec<Found> {
-        owned
+        let found: Vec<Found> = owned
             .iter()
             .filter_map(|condition_type| {
                 self.check_one(condition_type, book, writing(condition_type), now)
             })
-            .collect()
+            .collect();
+        self.account(owned, book, &found, now);
+        found
+    }
+
+    /// Counts how long overwritten conditions have been absent (or wrong), from the view that
+    /// revealed the overwrite to the view that shows the condition back, up to `now`.
+    fn account(&mut self, owned: &[String], book: &ConditionBook, found: &[Found], now: Instant) {
+        for f in found {
+            self.absent.entry(f.condition_type.clone()).or_insert(now);
+        }
+        let counted = &mut self.absent_time;
+        self.absent.retain(|condition_type, since| {
+            let elapsed = now.saturating_duration_since(*since);
+            if !elapsed.is_zero() {
+                counted.push((condition_type.clone(), elapsed));
+            }
+            *since = now;
+            owned.contains(condition_type) && book.drifted(condition_type).is_some()
+        });
+    }
+
+    /// The absence counted since the last call, per condition (a condition may appear more
+    /// than once).
+    pub fn take_absent(&mut self) -> Vec<(String, Duration)> {
+        std::mem::take(&mut self.absent_time)
     }
 
     fn check_one(
@@ -129,12 +161,13 @@ impl Drift {
             .filter(|condition_type| !writing(condition_type).busy)
             .filter_map(|condition_type| book.drifted(condition_type).cloned())
             .collect();
-        let found = recheck
+        let found: Vec<Found> = recheck
             .iter()
             .filter_map(|condition_type| {
                 self.check_one(condition_type, book, writing(condition_type), now)
             })
             .collect();
+        self.account(owned, book, &found, now);
         (write_backs, found)
     }
 
@@ -146,12 +179,14 @@ impl Drift {
     /// A probe left the annotation: its condition is no longer podprobe's to keep.
     pub fn forget(&mut self, condition_type: &str) {
         self.repairs.forget(condition_type);
+        self.absent.remove(condition_type);
     }
 
     /// Probing stopped: nothing is podprobe's to keep any more, nothing is due.
     pub fn stop(&mut self) {
         self.repairs = Repairs::new(self.policy);
         self.sees_conditions = false;
+        self.absent.clear();
     }
 
     /// The earliest instant something is due.

@@ -354,8 +354,12 @@ impl Sidecar {
         self.tell(found);
     }
 
-    /// Counts, logs and tells (one Event per streak) the overwrites found.
+    /// Counts, logs and tells (one Event per streak) the overwrites found; counts how long
+    /// overwritten conditions were absent.
     fn tell(&mut self, found: Vec<Found>) {
+        for (condition_type, absent) in self.drift.take_absent() {
+            self.metrics.absent(&condition_type, absent);
+        }
         for Found {
             condition_type,
             who,

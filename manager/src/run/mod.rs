@@ -114,7 +114,7 @@ impl Manager {
     pub async fn start(client: Client, options: Options) -> Result<Manager, RunError> {
         let shutdown = CancellationToken::new();
         let kill = CancellationToken::new();
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Metrics::new(options.mode == Mode::Standalone));
         let readiness = Arc::new(Readiness::default());
         let mut tasks = Vec::new();
 

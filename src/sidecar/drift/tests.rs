@@ -148,3 +148,44 @@ async fn once_probing_stops_nothing_is_due_or_found() {
     drift.view(None, &[], &mut book);
     assert!(drift.check(&owned(), &book, written(now), now).is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_overwritten_condition_counts_as_absent_until_a_view_shows_it_back() {
+    let mut drift = Drift::new(RepairPolicy::Backoff);
+    let mut book = ConditionBook::default();
+    let conditions = published(&mut book);
+    let start = Instant::now();
+    drift.view(Some(&conditions), &[], &mut book);
+    assert!(
+        drift
+            .check(&owned(), &book, written(start), start)
+            .is_empty()
+    );
+    tokio::time::advance(Duration::from_secs(10)).await;
+
+    // Idle is dropped; healthy stays.
+    let dropped = Instant::now();
+    drift.view(Some(&conditions[1..]), &[], &mut book);
+    assert_eq!(
+        drift.check(&owned(), &book, written(start), dropped).len(),
+        1
+    );
+    // Another view 2 s later still shows it missing: those 2 s count already.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    drift.view(Some(&conditions[1..]), &[], &mut book);
+    drift.check(&owned(), &book, written(start), Instant::now());
+    assert_eq!(
+        drift.take_absent(),
+        vec![(IDLE.to_owned(), Duration::from_secs(2))]
+    );
+    // Back 1 s later: 1 s more, then nothing.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    drift.view(Some(&conditions), &[], &mut book);
+    drift.check(&owned(), &book, written(start), Instant::now());
+    tokio::time::advance(Duration::from_secs(5)).await;
+    drift.check(&owned(), &book, written(start), Instant::now());
+    assert_eq!(
+        drift.take_absent(),
+        vec![(IDLE.to_owned(), Duration::from_secs(1))]
+    );
+}
