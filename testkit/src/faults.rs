@@ -39,6 +39,10 @@ pub enum Action {
         /// Events sent before the server closes the stream.
         events: usize,
     },
+    /// For a watch: answer with one `ERROR` event, code 410 (`Expired`), and end the stream,
+    /// as kube-apiserver's watch cache answers a watch from a resourceVersion it no longer
+    /// holds. The client must list again. Other requests are handled normally.
+    WatchExpired,
     /// For a `pods/exec` stream: after this many bytes of command output
     /// (stdout and stderr together; 0: right after the upgrade), the
     /// connection is dropped without a status or a close frame. Other
@@ -130,6 +134,11 @@ impl Fault {
     /// End matching watches after `events` events.
     pub fn end_watch_after(events: usize) -> Self {
         Self::new(Action::EndWatchAfter { events }).watch()
+    }
+
+    /// Answer matching watches with an expired resourceVersion ([`Action::WatchExpired`]).
+    pub fn watch_expired() -> Self {
+        Self::new(Action::WatchExpired).watch()
     }
 
     /// Drop matching `pods/exec` streams after `bytes` bytes of output.

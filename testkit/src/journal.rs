@@ -43,6 +43,13 @@ impl Entry {
         serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
     }
 
+    /// When the request arrived.
+    pub fn arrived(&self) -> std::time::SystemTime {
+        chrono::DateTime::parse_from_rfc3339(&self.time)
+            .map(std::time::SystemTime::from)
+            .unwrap_or_else(|e| panic!("journal time {:?}: {e}", self.time))
+    }
+
     /// Is this a watch request?
     pub fn is_watch(&self) -> bool {
         self.query
@@ -157,6 +164,47 @@ fn resource_form(path: &str) -> Option<String> {
 fn path_matches(path: &str, suffix: &str) -> bool {
     path.ends_with(suffix)
         || resource_form(path).is_some_and(|f| f == suffix.trim_start_matches('/'))
+}
+
+/// The time from each of `requests` to the next.
+pub fn gaps(requests: &[Entry]) -> Vec<std::time::Duration> {
+    requests
+        .windows(2)
+        .map(|w| {
+            w[1].arrived()
+                .duration_since(w[0].arrived())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Panics unless `requests` (each one the retry of the one before, after a 429 whose
+/// `Retry-After` was `hint`) back off as a fleet must: no retry sooner than the hint, each wait
+/// at least the one before (50 ms of slack for the round trip), and the waits grown to at
+/// least `grown_to`.
+pub fn assert_backs_off(
+    requests: &[Entry],
+    hint: std::time::Duration,
+    grown_to: std::time::Duration,
+) {
+    let gaps = gaps(requests);
+    let slack = std::time::Duration::from_millis(50);
+    let uris: Vec<String> = requests
+        .iter()
+        .map(|e| format!("{} {}", e.status, e.uri()))
+        .collect();
+    assert!(
+        gaps.iter().all(|g| *g >= hint),
+        "a retry sooner than the {hint:?} hint: {gaps:?}\n{uris:#?}"
+    );
+    assert!(
+        gaps.windows(2).all(|w| w[1] + slack >= w[0]),
+        "the waits do not grow: {gaps:?}\n{uris:#?}"
+    );
+    assert!(
+        gaps.last().is_some_and(|g| *g >= grown_to),
+        "the waits never reach {grown_to:?}: {gaps:?}\n{uris:#?}"
+    );
 }
 
 #[cfg(test)]

@@ -94,6 +94,13 @@ pub(crate) async fn handle(
                 shared.journal.record(entry);
                 return Err(Dropped::Reset);
             }
+            Action::WatchExpired if is_watch => {
+                entry.status = 200;
+                entry.fault = true;
+                shared.journal.record(entry);
+                return Ok(expired_watch_response());
+            }
+            Action::WatchExpired => {}
             Action::EndWatchAfter { events } => end_watch_after = Some(events),
             Action::DropExecStreamAfter { bytes } => drop_exec_after = Some(bytes),
             Action::WithoutSubprotocol { protocol } => {
@@ -217,6 +224,25 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
         headers.remove(UPGRADE);
     }
     headers.remove(TRANSFER_ENCODING);
+}
+
+/// A watch whose only event is a 410 `Expired` error, as the watch cache sends when asked to
+/// resume from a resourceVersion older than it holds.
+fn expired_watch_response() -> Response<ProxyBody> {
+    let event = json!({"type": "ERROR", "object": {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": "injected fault: too old resource version",
+        "reason": "Expired",
+        "code": 410,
+    }});
+    let mut response = Response::new(full(Bytes::from(format!("{event}\n"))));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// A `metav1.Status` answer, as kube-apiserver writes one for `code`.
