@@ -14,9 +14,9 @@ use std::path::PathBuf;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use podprobe_ops::backoff::WatchRetry;
 use tokio::sync::watch;
 
 use crate::annotation::{self, PODPROBE_ANNOTATION, PodContainers};
@@ -228,7 +228,7 @@ pub async fn choose_source(
 }
 
 /// Watches this pod through the apiserver (field selector on its name, its namespace only;
-/// kube-rs's watcher with [`WatchBackoff`]) and publishes views. Pods with another uid (a
+/// kube-rs's watcher, retried as `podprobe_ops::backoff` says) and publishes views. Pods with another uid (a
 /// same-named replacement) are not ours and are ignored. When the apiserver answers again
 /// after the watch failed, `answered` releases writes waiting out their backoff. Returns when
 /// the pod is deleted.
@@ -242,7 +242,7 @@ pub async fn watch_api(
     let config = watcher::Config::default().fields(&format!("metadata.name={}", identity.name));
     let mut our_uid = identity.uid.clone();
     let mut failing = FailingWatch::default();
-    let mut events = std::pin::pin!(watcher(pods, config).backoff(WatchBackoff::default()));
+    let mut events = std::pin::pin!(watcher(pods, config).retry_backoff());
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
@@ -251,7 +251,8 @@ pub async fn watch_api(
                 continue;
             }
         };
-        if failing.answered(&identity.name) {
+        // Init is said before each list is asked for: not an answer.
+        if !matches!(event, watcher::Event::Init) && failing.answered(&identity.name) {
             answered.notify();
         }
         let pod = match event {
@@ -287,9 +288,6 @@ pub async fn watch_api(
         });
     }
 }
-
-/// The pod watch's backoff (shared with the manager's watches: `podprobe_ops::backoff`).
-pub use podprobe_ops::backoff::WatchBackoff;
 
 /// The watch's failures in a row, logged as [`FailureRun`] says.
 #[derive(Debug, Default)]

@@ -30,10 +30,13 @@ async fn writer_for_new_pod(cluster: &Cluster) -> Writing {
     let (uid_tx, uid) = watch::channel(pod.metadata.uid.clone());
     let config = WriterConfig {
         coalesce: Duration::from_millis(50),
-        backoff_min: Duration::from_millis(50),
-        backoff_max: Duration::from_millis(400),
-        unavailable_backoff_max: Duration::from_millis(400),
-        throttled_backoff_max: Duration::from_millis(400),
+        retry: podprobe_ops::backoff::Policy {
+            min: Duration::from_millis(50),
+            unavailable_max: Duration::from_millis(400),
+            refused_max: Duration::from_millis(400),
+            throttled_min: Duration::from_millis(50),
+            throttled_max: Duration::from_millis(400),
+        },
     };
     let metrics = Metrics::new();
     let (writer, task) = ConditionWriter::spawn(

@@ -260,3 +260,96 @@ async fn refused_writes_are_explained_and_retried() {
     }
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// The pod watch as a fleet's member must retry (`podprobe_ops::backoff`):
+/// - five 429s on its list (as API Priority and Fairness answers a fleet): each retry at least
+///   the 1 s hint later, and later each time. kube-rs's own backoff started over at the `Init`
+///   it says before each list, so every retry came within a second, whatever the answer;
+/// - an apiserver that refuses connections is asked again within 4 s;
+/// - a re-watch the apiserver answers 410 `Expired` is listed again once, then watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_watch_backs_off_after_429s_returns_after_an_outage_and_relists_once_after_a_410() {
+    let cluster = Cluster::start().await;
+    let (pod, flag) = cluster.create_flagged_pod("gs-w").await;
+    let pods_path = format!("/api/v1/namespaces/{NS}/pods");
+    let watch_requests = |from_seq: u64| -> Vec<testkit::Entry> {
+        cluster
+            .proxy
+            .journal()
+            .entries()
+            .into_iter()
+            .filter(|e| e.seq > from_seq && e.method == "GET" && e.path == pods_path)
+            .collect()
+    };
+    cluster.proxy.faults().add(
+        Fault::too_many_requests(1)
+            .method("GET")
+            .path_contains(pods_path.as_str())
+            .times(5),
+    );
+    let _sidecar = cluster.sidecar(&pod, &["--source", "api"]).await;
+    // The probes come from the watch: no condition before its list succeeds.
+    cluster
+        .wait_pod("gs-w", Duration::from_secs(90), |p| {
+            has_status(p, "c/p", "True")
+        })
+        .await;
+    let requests = watch_requests(0);
+    assert!(
+        requests[..5].iter().all(|e| e.status == 429) && requests[5].status == 200,
+        "{requests:#?}"
+    );
+    testkit::journal::assert_backs_off(
+        &requests[..6],
+        Duration::from_secs(1),
+        Duration::from_secs(4),
+    );
+
+    // An outage: the watch drops; the next re-watch is answered "too old".
+    let before = cluster
+        .proxy
+        .journal()
+        .entries()
+        .last()
+        .map_or(0, |e| e.seq);
+    cluster.proxy.stop().await;
+    let outage = Duration::from_secs(10);
+    tokio::time::sleep(outage).await;
+    cluster.proxy.faults().add(
+        Fault::watch_expired()
+            .method("GET")
+            .path_contains(pods_path.as_str())
+            .times(1),
+    );
+    let back = std::time::SystemTime::now();
+    cluster.proxy.restart().await.expect("the proxy back");
+    // A second probe, seen only through the watch once it is back.
+    let flag2 = cluster.dir.path().join("flag2");
+    std::fs::write(&flag2, "up").unwrap();
+    cluster
+        .set_annotation(
+            "gs-w",
+            &array(&[
+                file_probe("p", "c/p", &flag),
+                file_probe("q", "c/q", &flag2),
+            ]),
+        )
+        .await;
+    cluster
+        .wait_pod("gs-w", LIMIT, |p| has_status(p, "c/q", "True"))
+        .await;
+    let after = watch_requests(before);
+    let first = after.first().expect("the watch asked again");
+    let asked_again = first.arrived().duration_since(back).unwrap_or_default();
+    assert!(
+        asked_again <= Duration::from_millis(4_500),
+        "first request {asked_again:?} after the apiserver was back"
+    );
+    let kinds: Vec<(bool, u16)> = after.iter().map(|e| (e.is_watch(), e.status)).collect();
+    // The re-watch answered 410, one list, then watches only.
+    assert_eq!(kinds[0], (true, 200), "{after:#?}");
+    assert!(after[0].fault, "the 410 answered the re-watch: {after:#?}");
+    let lists = kinds.iter().filter(|(watch, _)| !watch).count();
+    assert_eq!(lists, 1, "listed once after the 410: {after:#?}");
+    assert_eq!(kinds[1], (false, 200), "{after:#?}");
+}

@@ -9,7 +9,8 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
+use podprobe_ops::backoff::WatchRetry;
 use rand::seq::SliceRandom;
 
 use crate::cluster::{CONDITION, CONDITIONS, EXEC_CONDITION, MARKER, NS};
@@ -77,9 +78,7 @@ impl Tracker {
         let task = tokio::spawn(async move {
             // The sidecar's own backoff: after an outage this watch comes back within seconds.
             let config = watcher::Config::default().labels("app=fleet");
-            let mut events = std::pin::pin!(
-                watcher(api, config).backoff(podprobe::pod::WatchBackoff::default())
-            );
+            let mut events = std::pin::pin!(watcher(api, config).retry_backoff());
             while let Some(event) = events.next().await {
                 match event {
                     Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {

@@ -12,8 +12,9 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use podprobe::sidecar::RepairPolicy;
+use podprobe_ops::backoff::WatchRetry;
 use rand::Rng;
 use testkit::real::virtual_kubelet::Provider;
 use tokio::time::Instant;
@@ -301,8 +302,7 @@ fn watch(client: kube::Client, seen: Arc<Mutex<Seen>>) -> crate::AbortOnDrop {
     let api: Api<Pod> = Api::namespaced(client, NS);
     crate::AbortOnDrop(tokio::spawn(async move {
         let config = watcher::Config::default().labels("app=fleet");
-        let mut events =
-            std::pin::pin!(watcher(api, config).backoff(podprobe::pod::WatchBackoff::default()));
+        let mut events = std::pin::pin!(watcher(api, config).retry_backoff());
         while let Some(event) = events.next().await {
             match event {
                 Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {

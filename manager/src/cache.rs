@@ -16,6 +16,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::Lookup};
 use kube::{Api, Client, Resource};
+use podprobe_ops::backoff::WatchRetry;
 use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
@@ -112,8 +113,7 @@ impl PpmCache {
         let cache = self.clone();
         tokio::spawn(async move {
             let (store, mut writer) = reflector::store::<PodProbeMarker>();
-            let stream = watcher(Api::<PodProbeMarker>::all(client))
-                .backoff(podprobe_ops::backoff::WatchBackoff::default());
+            let stream = watcher(Api::<PodProbeMarker>::all(client)).retry_backoff();
             let mut stream = std::pin::pin!(stream);
             loop {
                 let event = tokio::select! {
@@ -193,7 +193,7 @@ where
 {
     let (store, writer) = reflector::store::<K>();
     let stream = watcher(Api::<K>::all(client))
-        .backoff(podprobe_ops::backoff::WatchBackoff::default())
+        .retry_backoff()
         .reflect(writer)
         .map_err(|e| tracing::warn!("{} watch: {e}", <K as Resource>::kind(&())))
         .for_each(|_| futures::future::ready(()));

@@ -208,7 +208,9 @@ fn refusal(e: &kube::Error) -> String {
 
 /// The binary's `check-webhooks`: 0 once the webhook answered, 1 on timeout, 2 without a client.
 pub async fn main(args: &CheckWebhooksArgs) -> Result<Duration, CheckError> {
-    let client = Client::try_default().await.map_err(CheckError::Client)?;
+    let client = crate::run::default_client()
+        .await
+        .map_err(CheckError::Client)?;
     wait_for_webhooks(client, args, |refused| {
         eprintln!("waiting for the webhook: {refused}");
     })

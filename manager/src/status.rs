@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use podprobe_ops::backoff::WatchRetry;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -125,19 +127,24 @@ pub async fn run(
     triggers: mpsc::UnboundedReceiver<ObjectRef<PodProbeMarker>>,
     shutdown: CancellationToken,
 ) {
-    Controller::new(
+    let (store, writer) = reflector::store();
+    let stream = watcher::watcher(
         Api::<PodProbeMarker>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .with_config(
-        kube::runtime::controller::Config::default()
-            .debounce(Duration::from_millis(500))
-            .concurrency(4),
-    )
-    .trigger_backoff(podprobe_ops::backoff::WatchBackoff::default())
-    .reconcile_on(UnboundedReceiverStream::new(triggers))
-    .graceful_shutdown_on(async move { shutdown.cancelled().await })
-    .run(reconcile, error_policy, ctx)
-    .for_each(|_| futures::future::ready(()))
-    .await;
+    .retry_backoff()
+    .reflect(writer)
+    .applied_objects();
+    Controller::for_stream(stream, store)
+        .with_config(
+            kube::runtime::controller::Config::default()
+                .debounce(Duration::from_millis(500))
+                .concurrency(4),
+        )
+        .trigger_backoff(podprobe_ops::backoff::AlreadyBackedOff)
+        .reconcile_on(UnboundedReceiverStream::new(triggers))
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
 }

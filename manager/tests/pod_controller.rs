@@ -1,6 +1,7 @@
 //! The pod controller against a real kube-apiserver, through the fault proxy: one patch per
 //! condition change even when the pod cache lags behind the manager's own writes, no pod work
-//! for PPM status writes, and node label changes reaching the pods on the node.
+//! for PPM status writes, node label changes reaching the pods on the node, and the
+//! controller's and the node watch's retries after 429s.
 
 mod support;
 
@@ -227,4 +228,51 @@ async fn no_pod_is_reconciled_before_the_ppm_cache_has_synced() {
     let patches = cluster.proxy.journal().matching("PATCH", "pods");
     assert!(patches.is_empty(), "{patches:#?}");
     s.manager.shutdown().await;
+}
+
+/// The manager's requests to `path` (a list or watch of the whole cluster), in order.
+fn requests_to(cluster: &Tv03Cluster, path: &str) -> Vec<testkit::Entry> {
+    cluster
+        .proxy
+        .journal()
+        .entries()
+        .into_iter()
+        .filter(|e| e.method == "GET" && e.path == path)
+        .collect()
+}
+
+/// Five 429s on the pod controller's list (its trigger stream) and on the node watch's list:
+/// each retry at least the 1 s hint later, and later each time. kube-rs's `StreamBackoff`
+/// started over at each `Init` the watcher says before a list, so every retry came within a
+/// second whatever the answer; a controller's own trigger backoff waited again on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_and_a_watch_back_off_after_429s() {
+    let cluster = Tv03Cluster::with_tv03().await;
+    cluster.create_steady_pod(0, false).await;
+    for path in ["/api/v1/pods", "/api/v1/nodes"] {
+        cluster.proxy.faults().add(
+            Fault::too_many_requests(1)
+                .method("GET")
+                .path_contains(path)
+                .times(5),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _s = cluster.start_manager(dir.path()).await;
+    cluster.set_healthy("gs-0", true).await;
+    wait_marked(&cluster, "gs-0").await;
+    for path in ["/api/v1/pods", "/api/v1/nodes"] {
+        let requests = requests_to(&cluster, path);
+        assert!(
+            requests.len() >= 6
+                && requests[..5].iter().all(|e| e.status == 429)
+                && requests[5].status == 200,
+            "{path}: {requests:#?}"
+        );
+        testkit::journal::assert_backs_off(
+            &requests[..6],
+            Duration::from_secs(1),
+            Duration::from_secs(4),
+        );
+    }
 }

@@ -5,7 +5,8 @@
 //! - [`process`]: the standard `process_*` metrics and `build_info`, registered by both;
 //! - [`connection`]: one HTTP/1 connection served until it ends or shutdown (the manager's
 //!   webhooks use it too);
-//! - [`backoff`]: how their watches on the apiserver retry after a failure;
+//! - [`backoff`]: how they wait after a failed request to the apiserver (watches, controllers,
+//!   status writes);
 //! - [`entry`]: logging from `--log-level`/`--log-format`, and the signal that ends them.
 
 pub mod backoff;

@@ -10,6 +10,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
+use podprobe_ops::backoff::WatchRetry;
 
 use super::{CachedPod, MarkerScope, is_serverless};
 
@@ -166,7 +167,7 @@ pub(super) fn node_triggers(
 ) -> impl Stream<Item = ObjectRef<CachedPod>> + Send + 'static {
     let mut serverless = ServerlessNodes::default();
     watcher::watcher(Api::<Node>::all(client), watcher::Config::default())
-        .backoff(podprobe_ops::backoff::WatchBackoff::default())
+        .retry_backoff()
         .reflect(writer)
         .filter_map(|event| {
             futures::future::ready(match event {

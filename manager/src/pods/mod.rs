@@ -58,6 +58,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
+use podprobe_ops::backoff::WatchRetry;
 use podprobe_protocol::annotation::MARKER_LIST_ANNOTATION;
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
 use tokio::sync::{mpsc, watch};
@@ -224,7 +225,7 @@ pub async fn run(
         Api::<CachedPod>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .backoff(podprobe_ops::backoff::WatchBackoff::default())
+    .retry_backoff()
     .reflect(writer)
     .inspect_ok({
         let (by_node, written) = (by_node.clone(), ctx.written.clone());
@@ -242,7 +243,7 @@ pub async fn run(
     let triggers = ppm_triggers(ctx.ppms.clone(), store.clone());
     let nodes = node_triggers(ctx.client.clone(), node_writer, ctx.scope.clone(), by_node);
     Controller::for_stream(stream, store)
-        .trigger_backoff(podprobe_ops::backoff::WatchBackoff::default())
+        .trigger_backoff(podprobe_ops::backoff::AlreadyBackedOff)
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .reconcile_on(triggers)
         .reconcile_on(nodes)

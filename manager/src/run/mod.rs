@@ -405,10 +405,27 @@ async fn ready_once_synced(
     }
 }
 
+/// The manager's client for `config`: without kube-rs's own retry of 429, 503 and 504 answers,
+/// which resends a request up to 15 times, each after exactly the `Retry-After` (API Priority
+/// and Fairness always says 1 s), so that a manager's watches and controllers wait as
+/// `podprobe_ops::backoff` says: longer after each 429, apart from the other clients.
+pub fn client(mut config: kube::Config) -> Result<Client, kube::Error> {
+    config.default_retry = false;
+    Client::try_from(config)
+}
+
+/// [`client`] from the in-cluster or kubeconfig settings.
+pub async fn default_client() -> Result<Client, kube::Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    client(config)
+}
+
 /// The binary's `run`: start, wait for SIGTERM, shut down gracefully (at most 25 s).
 pub async fn main(args: &RunArgs) -> Result<(), RunError> {
     let options = Options::from_args(args)?;
-    let client = Client::try_default().await?;
+    let client = default_client().await?;
     let manager = Manager::start(client, options).await?;
     let signal = podprobe_ops::entry::termination().await;
     tracing::info!("{signal}: shutting down");

@@ -15,7 +15,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
-use podprobe_ops::backoff::WatchBackoff;
+use podprobe_ops::backoff::{AlreadyBackedOff, WatchRetry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -57,13 +57,13 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationTo
     // The watch holds exactly the pending pods: released ones leave its selector.
     let (pending, writer) = reflector::store();
     let stream = watcher(pods, watcher::Config::default().labels(&selector))
-        .backoff(WatchBackoff::default())
+        .retry_backoff()
         .reflect(writer)
         .applied_objects();
-    // The controller backs its trigger stream off too, by kube-rs's default (up to a minute)
-    // unless told: the watch would then stay away that long after an outage.
+    // The controller would back its trigger stream off again, by kube-rs's default (up to a
+    // minute) unless told: the watch would then stay away that long after an outage.
     let controller =
-        Controller::for_stream(stream, pending.clone()).trigger_backoff(WatchBackoff::default());
+        Controller::for_stream(stream, pending.clone()).trigger_backoff(AlreadyBackedOff);
     let gauge = metrics.sidecar_tokens_pending.clone();
     let gauge_stop = shutdown.clone();
     tokio::spawn(async move {

@@ -168,7 +168,7 @@ pub async fn install_with(cp: ControlPlane, mode: Mode, helm_args: &[&str]) -> I
         scope: MarkerScope::default(),
         workers: 4,
     };
-    let client = cp.client_for_token(&token);
+    let client = podprobe_manager::run::client(cp.config_for_token(&token)).unwrap();
     Installed {
         cp,
         options,

@@ -46,9 +46,11 @@ impl Tv03Cluster {
         cluster
     }
 
-    /// The client the manager under test gets: the admin, through the proxy.
+    /// The client the manager under test gets, as the binary builds it: the admin, through the
+    /// proxy.
     pub fn manager_client(&self) -> kube::Client {
-        self.proxy.client()
+        podprobe_manager::run::client(self.proxy.config_for_token(testkit::real::ADMIN_TOKEN))
+            .expect("the manager's client")
     }
 
     /// A standalone manager in-process (no leader election, no injection) through the proxy.

@@ -23,7 +23,8 @@ mod state;
 use super::{FIELD_MANAGER, status_patch};
 use crate::failures::{FailureRun, Loudness};
 use crate::metrics::Metrics;
-use failure::{cannot_answer, classify, explain, failure_wait, jitter};
+use failure::{code_of, explain};
+use podprobe_ops::backoff::{Backoff, Failure, Policy};
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
 use state::{State, requeue};
 
@@ -32,29 +33,18 @@ use state::{State, requeue};
 pub struct WriterConfig {
     /// Changes arriving within this window after the first go out in one patch.
     pub coalesce: Duration,
-    pub backoff_min: Duration,
-    /// Cap of the backoff after the apiserver refused a write (4xx): retrying sooner would
-    /// only be refused again.
-    pub backoff_max: Duration,
-    /// Cap of the backoff while the apiserver cannot answer (connection refused or reset,
-    /// timeouts, 5xx, 429 without Retry-After): short, so that pending results follow the
-    /// apiserver's recovery rather than a backoff grown during the outage. A refused
-    /// connection costs the apiserver nothing; see docs/protocol.md, "Outages".
-    pub unavailable_backoff_max: Duration,
-    /// Cap of the backoff while the apiserver answers 429 (API Priority and Fairness: its
-    /// queues for this client are full). Its `Retry-After` (1 s) is a floor, not the wait: a
-    /// fleet that all asks again after one second keeps the queues full (docs/scale.md).
-    pub throttled_backoff_max: Duration,
+    /// How long a failed write waits (`podprobe_ops::backoff`): while the apiserver cannot
+    /// answer, briefly, so that pending results follow its recovery (a refused connection costs
+    /// it nothing; docs/protocol.md, "Outages"); after a refusal, up to a minute; after a 429,
+    /// growing to 30 s, its `Retry-After` a floor (docs/scale.md).
+    pub retry: Policy,
 }
 
 impl Default for WriterConfig {
     fn default() -> Self {
         WriterConfig {
             coalesce: Duration::from_millis(200),
-            backoff_min: Duration::from_millis(200),
-            backoff_max: Duration::from_secs(60),
-            unavailable_backoff_max: Duration::from_secs(4),
-            throttled_backoff_max: Duration::from_secs(30),
+            retry: Policy::STATUS_WRITE,
         }
     }
 }
@@ -161,7 +151,7 @@ impl ConditionWriter {
             metrics,
             shared: shared.clone(),
             answered,
-            backoff: config.backoff_min,
+            backoff: Backoff::new(config.retry),
             coalesce: true,
             isolate: false,
             failing: FailureRun::default(),
@@ -252,7 +242,7 @@ struct WriteLoop {
     metrics: Metrics,
     shared: Arc<Shared>,
     answered: ApiserverAnswered,
-    backoff: Duration,
+    backoff: Backoff,
     failing: FailureRun,
     /// Wait the coalescing window before the next patch (not when retrying or isolating).
     coalesce: bool,
@@ -334,8 +324,7 @@ impl WriteLoop {
             // result first if one arrives meanwhile.
             tokio::select! {
                 () = woken => self.coalesce = true,
-                () = tokio::time::sleep(jitter(self.backoff)) => {
-                    self.backoff = (self.backoff * 2).min(self.config.backoff_max);
+                () = tokio::time::sleep(self.backoff.wait(Failure::Refused { retry_after: None })) => {
                     lock(&self.shared).unpark();
                     self.coalesce = false;
                 }
@@ -356,7 +345,7 @@ impl WriteLoop {
         let mut state = lock(&self.shared);
         state.landed(batch);
         if state.parked.is_empty() {
-            self.backoff = self.config.backoff_min;
+            self.backoff.reset();
         }
         self.isolate = self.isolate && !state.pending.is_empty();
         self.coalesce = !self.isolate;
@@ -399,14 +388,14 @@ impl WriteLoop {
             requeue(&mut state.pending, batch);
             state.in_flight.clear();
         }
-        let (code, retry_after) = classify(error);
+        let code = code_of(error);
         self.metrics.write_error(code);
         self.log_failure(code, error);
-        let unavailable = cannot_answer(code);
-        let (wait, next) = failure_wait(&self.config, code, retry_after, self.backoff);
-        self.backoff = next;
+        let failure = Failure::of(error);
+        let wait = self.backoff.wait(failure);
         self.coalesce = false;
-        if !unavailable || retry_after.is_some() || code == Some(429) {
+        // Only a write that waits out an outage is released by the apiserver's answer.
+        if !matches!(failure, Failure::Unavailable { retry_after: None }) {
             tokio::time::sleep(wait).await;
             return;
         }

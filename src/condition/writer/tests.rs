@@ -133,56 +133,6 @@ fn a_403_names_the_admission_policy_when_one_refused() {
     assert!(by_rbac.contains("RBAC does not allow"), "{by_rbac}");
 }
 
-#[test]
-fn only_failures_without_an_answer_get_the_short_backoff() {
-    for code in [None, Some(429), Some(500), Some(503), Some(504)] {
-        assert!(cannot_answer(code), "{code:?}");
-    }
-    // Refusals: retrying sooner would only be refused again.
-    for code in [
-        Some(400),
-        Some(401),
-        Some(403),
-        Some(404),
-        Some(409),
-        Some(422),
-    ] {
-        assert!(!cannot_answer(code), "{code:?}");
-    }
-}
-
-#[test]
-fn a_429s_retry_after_is_a_floor_under_a_backoff_growing_to_30_s() {
-    let config = WriterConfig::default();
-    let hint = Some(Duration::from_secs(1));
-    let mut backoff = config.backoff_min;
-    let mut waits = Vec::new();
-    for _ in 0..12 {
-        let (wait, next) = failure_wait(&config, Some(429), hint, backoff);
-        waits.push(wait);
-        backoff = next;
-    }
-    assert!(
-        waits.iter().all(|w| *w >= Duration::from_secs(1)),
-        "{waits:?}"
-    );
-    assert!(
-        waits.iter().all(|w| *w <= config.throttled_backoff_max),
-        "{waits:?}"
-    );
-    // From the 9th on the backoff is at its cap: each wait is 15-30 s, where the hint alone
-    // would have been 1 s.
-    assert!(
-        waits[8..].iter().all(|w| *w >= Duration::from_secs(15)),
-        "{waits:?}"
-    );
-    // Other answers keep their rules: a 503's hint is the wait; a transport error's cap is 4 s.
-    let (wait, _) = failure_wait(&config, Some(503), hint, Duration::from_secs(16));
-    assert_eq!(wait, Duration::from_secs(1));
-    let (wait, next) = failure_wait(&config, None, None, Duration::from_secs(16));
-    assert!(wait <= config.unavailable_backoff_max && next == config.unavailable_backoff_max);
-}
-
 #[tokio::test(start_paused = true)]
 async fn while_the_apiserver_cannot_answer_a_write_is_retried_every_few_seconds() {
     let (_writer, metrics) = start(WriterConfig::default(), ApiserverAnswered::default());
@@ -202,8 +152,11 @@ async fn an_answer_from_the_apiserver_releases_a_waiting_write_at_once() {
     // A first backoff long enough that, without the release, the second attempt would
     // come 15–30 s after the first.
     let config = WriterConfig {
-        backoff_min: Duration::from_secs(30),
-        unavailable_backoff_max: Duration::from_secs(60),
+        retry: podprobe_ops::backoff::Policy {
+            min: Duration::from_secs(30),
+            unavailable_max: Duration::from_secs(60),
+            ..podprobe_ops::backoff::Policy::STATUS_WRITE
+        },
         ..WriterConfig::default()
     };
     let (_writer, metrics) = start(config, answered.clone());
