@@ -162,7 +162,11 @@ async fn main() {
         .open(&jsonl_path)
         .expect("docs/perf/fleet.jsonl");
     let manager_build = format!("{:?}", args.manager_build).to_lowercase();
-    let record = serde_json::json!({"build": args.build, "manager_build": manager_build,
+    // When and how it was produced, so a figure quoted from the file can be traced.
+    let command: Vec<String> = std::env::args().skip(1).collect();
+    let record = serde_json::json!({"date": jiff::Timestamp::now().to_string(),
+            "command": command.join(" "),
+            "build": args.build, "manager_build": manager_build,
             "start_rate": args.start_rate, "chart_set": args.chart_set,
             "periods": options.periods, "report": report});
     writeln!(jsonl, "{record}").unwrap();
