@@ -37,6 +37,17 @@ fn without(pod: &mut Pod, condition_type: &str) {
     conditions.retain(|c| c.type_ != condition_type);
 }
 
+/// Seconds the sidecar counted `condition_type` as absent (`podprobe_condition_absent_seconds`).
+fn absent_seconds(text: &str, condition_type: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("podprobe_condition_absent_seconds_total")
+                && l.contains(&format!("condition=\"{condition_type}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn overwrites(text: &str, condition_type: &str) -> u64 {
     text.lines()
         .filter(|l| {
@@ -57,6 +68,7 @@ async fn a_removed_or_changed_condition_is_written_back_and_the_other_writer_nam
         ..
     } = cluster.probed_pod("gs-o", IDLE).await;
     let published = condition(&pod, IDLE).unwrap().clone();
+    let first_overwrite = Instant::now();
 
     // Only the message changed: written back; managedFields name the writer.
     other_writer_replaces_status(&cluster, "gs-o", |p| {
@@ -98,6 +110,14 @@ async fn a_removed_or_changed_condition_is_written_back_and_the_other_writer_nam
 
     let text = metrics(port).await.unwrap();
     assert_eq!(overwrites(&text, IDLE), 2, "{text}");
+    // Absent from each overwrite's view to the view of its write-back: some time, and less
+    // than the whole exchange took.
+    let absent = absent_seconds(&text, IDLE);
+    assert!(
+        absent > 0.0 && absent < first_overwrite.elapsed().as_secs_f64(),
+        "absent {absent} s of {:?}: {text}",
+        first_overwrite.elapsed()
+    );
     let events = cluster.events().await;
     let warned: Vec<_> = events
         .iter()
