@@ -39,23 +39,15 @@ fn without(pod: &mut Pod, condition_type: &str) {
 
 /// Seconds the sidecar counted `condition_type` as absent (`podprobe_condition_absent_seconds`).
 fn absent_seconds(text: &str, condition_type: &str) -> f64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with("podprobe_condition_absent_seconds_total")
-                && l.contains(&format!("condition=\"{condition_type}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    condition_metric(
+        text,
+        "podprobe_condition_absent_seconds_total",
+        condition_type,
+    )
 }
 
 fn overwrites(text: &str, condition_type: &str) -> u64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with("podprobe_condition_overwrites_total")
-                && l.contains(&format!("condition=\"{condition_type}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    condition_metric(text, "podprobe_condition_overwrites_total", condition_type) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

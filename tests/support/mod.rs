@@ -169,18 +169,21 @@ pub fn cpu_time(pid: nix::unistd::Pid) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// The sum of `family`'s series for `condition` in a /metrics text (0 without any).
+pub fn condition_metric(text: &str, family: &str, condition: &str) -> f64 {
+    let label = format!("condition=\"{condition}\"");
+    text.lines()
+        .filter(|l| l.starts_with(family) && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Attempts counted so far for a condition type (all results), from /metrics.
 pub async fn attempts(port: u16, condition: &str) -> u64 {
     let Some(text) = metrics(port).await else {
         return 0;
     };
-    text.lines()
-        .filter(|l| {
-            l.starts_with("podprobe_probe_attempts_total")
-                && l.contains(&format!("condition=\"{condition}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
+    condition_metric(&text, "podprobe_probe_attempts_total", condition) as u64
 }
 
 /// Waits until `condition` has had at least `n` attempts (the sidecar's own count).
