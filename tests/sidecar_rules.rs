@@ -353,3 +353,54 @@ async fn the_pod_watch_backs_off_after_429s_returns_after_an_outage_and_relists_
     assert_eq!(lists, 1, "listed once after the 410: {after:#?}");
     assert_eq!(kinds[1], (false, 200), "{after:#?}");
 }
+
+/// A probe whose every attempt errors (its command does not exist) gives no result: no state,
+/// no condition, and `podprobe_probe_erroring` says so, which `PodProbeNoResults` alerts on;
+/// the pod's other probe is not held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_whose_attempts_all_error_shows_as_erroring() {
+    let cluster = Cluster::start().await;
+    let flag = cluster.dir.path().join("flag");
+    std::fs::write(&flag, "up").unwrap();
+    let broken = json!({"name": "b", "containerName": "main",
+        "probe": {"exec": {"command": ["/nonexistent/probe"]}, "periodSeconds": 1},
+        "podConditionType": "c/b"})
+    .to_string();
+    let annotation = array(&[file_probe("p", "c/p", &flag), broken]);
+    let pod = cluster.create_pod("gs-x", &annotation, json!([])).await;
+    let port = free_port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let args = [
+        "--exec-mode",
+        "local",
+        "--metrics-addr",
+        metrics_addr.as_str(),
+    ];
+    let _sidecar = cluster.sidecar(&pod, &args).await;
+    cluster
+        .wait_pod("gs-x", LIMIT, |p| has_status(p, "c/p", "True"))
+        .await;
+    wait_attempts(port, "c/b", 2).await;
+    let text = metrics(port).await.unwrap();
+    assert_eq!(
+        condition_metric(&text, "podprobe_probe_erroring", "c/b"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        condition_metric(&text, "podprobe_probe_erroring", "c/p"),
+        0.0,
+        "{text}"
+    );
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("podprobe_probe_state") && l.contains("condition=\"c/b\"")),
+        "no state without a result: {text}"
+    );
+    let pod = cluster.pods().get("gs-x").await.unwrap();
+    assert!(
+        condition(&pod, "c/b").is_none(),
+        "no condition without a result"
+    );
+}
