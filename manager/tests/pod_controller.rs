@@ -276,3 +276,40 @@ async fn the_controller_and_a_watch_back_off_after_429s() {
         );
     }
 }
+
+/// Four 429s on a pod's marker patch: the controller asks again at least the 1 s hint later,
+/// and later each time (its error policy requeued every failure after exactly 1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_marker_patch_backs_off() {
+    let cluster = Tv03Cluster::with_tv03().await;
+    cluster.create_steady_pod(0, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let _s = cluster.start_manager(dir.path()).await;
+    wait_matched(&cluster, 1, "status written").await;
+    let path = "/api/v1/namespaces/test/pods/gs-0";
+    cluster.proxy.faults().add(
+        Fault::too_many_requests(1)
+            .method("PATCH")
+            .path_contains(path)
+            .times(4),
+    );
+    cluster.set_healthy("gs-0", true).await;
+    wait_marked(&cluster, "gs-0").await;
+    let patches: Vec<testkit::Entry> = cluster
+        .proxy
+        .journal()
+        .entries()
+        .into_iter()
+        .filter(|e| e.method == "PATCH" && e.path == path)
+        .skip_while(|e| e.status != 429)
+        .collect();
+    assert!(
+        patches.len() >= 5 && patches[..4].iter().all(|e| e.status == 429),
+        "{patches:#?}"
+    );
+    testkit::journal::assert_backs_off(
+        &patches[..5],
+        Duration::from_secs(1),
+        Duration::from_secs(4),
+    );
+}

@@ -47,9 +47,8 @@ pub use cached::{CachedPod, ConditionState};
 pub use decide::*;
 pub use written::WrittenPatches;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -58,7 +57,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
-use podprobe_ops::backoff::WatchRetry;
+use podprobe_ops::backoff::{Backoff, Failure, Policy, WatchRetry};
 use podprobe_protocol::annotation::MARKER_LIST_ANNOTATION;
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
 use tokio::sync::{mpsc, watch};
@@ -85,6 +84,9 @@ pub struct PodContext {
     /// wait on this rather than on the `Store`'s `wait_until_ready`, which wakes only one of
     /// several waiters in kube-runtime 5.0 (the controller's runner is already one).
     pub pods_listed: watch::Sender<bool>,
+    /// Per pod, the backoff of its failed patches in a row (`podprobe_ops::backoff`): under
+    /// API Priority and Fairness a fleet's marker patches must not all come back after 1 s.
+    pub retries: std::sync::Mutex<HashMap<ObjectRef<CachedPod>, Backoff>>,
 }
 
 impl std::fmt::Debug for PodContext {
@@ -128,6 +130,7 @@ async fn reconcile(pod: Arc<CachedPod>, ctx: Arc<PodContext>) -> Result<Action, 
         .await
     {
         Ok(written) => {
+            ctx.patched(&oref);
             tracing::debug!(pod = %format!("{ns}/{name}"), patch = %patch.to_json(), "patched");
             ctx.written
                 .record(oref, patch, written.metadata.resource_version);
@@ -135,6 +138,7 @@ async fn reconcile(pod: Arc<CachedPod>, ctx: Arc<PodContext>) -> Result<Action, 
             Ok(Action::await_change())
         }
         Err(kube::Error::Api(s)) if s.code == 404 || refused_by_uid_guard(&s) => {
+            ctx.patched(&oref);
             ctx.metrics.pod_patch("gone");
             Ok(Action::await_change())
         }
@@ -145,9 +149,27 @@ async fn reconcile(pod: Arc<CachedPod>, ctx: Arc<PodContext>) -> Result<Action, 
     }
 }
 
-fn error_policy(_pod: Arc<CachedPod>, error: &ReconcileError, _ctx: Arc<PodContext>) -> Action {
-    tracing::warn!("{error}; retrying");
-    Action::requeue(Duration::from_secs(1))
+fn error_policy(pod: Arc<CachedPod>, error: &ReconcileError, ctx: Arc<PodContext>) -> Action {
+    let ReconcileError::Patch(_, e) = error;
+    let wait = ctx
+        .retries
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .entry(ObjectRef::from_obj(&*pod))
+        .or_insert_with(|| Backoff::new(Policy::WATCH))
+        .wait(Failure::of(e));
+    tracing::warn!("{error}; retrying in {wait:.1?}");
+    Action::requeue(wait)
+}
+
+impl PodContext {
+    /// The pod's patch was answered: its next failure starts the backoff over.
+    fn patched(&self, pod: &ObjectRef<CachedPod>) {
+        self.retries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(pod);
+    }
 }
 
 /// Pods to look at again after a PPM change.

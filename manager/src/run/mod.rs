@@ -291,6 +291,7 @@ async fn lead(
             status_triggers: status_tx,
             written: Default::default(),
             pods_listed: watch::Sender::new(false),
+            retries: Default::default(),
         });
         let status_ctx = Arc::new(StatusContext {
             client: client.clone(),
