@@ -29,13 +29,14 @@
 //! new pod has its own events).
 //!
 //! Rooms: [`decide`] (per pod: markers, propagation, the patch), [`written`] (patches the cache
-//! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`CachedPod`] (what the pod
-//! cache keeps of each pod), [`unprobed`] (pods that should run the sidecar and do not); the
-//! controller is here.
+//! has not shown yet), [`retries`] (the backoff of a pod's failed patches), [`by_node`]
+//! (node → pods, serverless nodes), [`CachedPod`] (what the pod cache keeps of each pod),
+//! [`unprobed`] (pods that should run the sidecar and do not); the controller is here.
 
 pub mod by_node;
 mod cached;
 pub mod decide;
+mod retries;
 #[cfg(test)]
 mod tests;
 pub mod unprobed;
@@ -45,9 +46,10 @@ pub use by_node::PodsByNode;
 use by_node::node_triggers;
 pub use cached::{CachedPod, ConditionState};
 pub use decide::*;
+pub use retries::PatchRetries;
 pub use written::WrittenPatches;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -57,7 +59,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
-use podprobe_ops::backoff::{Backoff, Failure, Policy, WatchRetry};
+use podprobe_ops::backoff::{Failure, WatchRetry};
 use podprobe_protocol::annotation::MARKER_LIST_ANNOTATION;
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
 use tokio::sync::{mpsc, watch};
@@ -84,9 +86,8 @@ pub struct PodContext {
     /// wait on this rather than on the `Store`'s `wait_until_ready`, which wakes only one of
     /// several waiters in kube-runtime 5.0 (the controller's runner is already one).
     pub pods_listed: watch::Sender<bool>,
-    /// Per pod, the backoff of its failed patches in a row (`podprobe_ops::backoff`): under
-    /// API Priority and Fairness a fleet's marker patches must not all come back after 1 s.
-    pub retries: std::sync::Mutex<HashMap<ObjectRef<CachedPod>, Backoff>>,
+    /// Per pod, the backoff of its failed patches in a row.
+    pub retries: PatchRetries,
 }
 
 impl std::fmt::Debug for PodContext {
@@ -130,7 +131,7 @@ async fn reconcile(pod: Arc<CachedPod>, ctx: Arc<PodContext>) -> Result<Action, 
         .await
     {
         Ok(written) => {
-            ctx.patched(&oref);
+            ctx.retries.answered(&oref);
             tracing::debug!(pod = %format!("{ns}/{name}"), patch = %patch.to_json(), "patched");
             ctx.written
                 .record(oref, patch, written.metadata.resource_version);
@@ -138,7 +139,7 @@ async fn reconcile(pod: Arc<CachedPod>, ctx: Arc<PodContext>) -> Result<Action, 
             Ok(Action::await_change())
         }
         Err(kube::Error::Api(s)) if s.code == 404 || refused_by_uid_guard(&s) => {
-            ctx.patched(&oref);
+            ctx.retries.answered(&oref);
             ctx.metrics.pod_patch("gone");
             Ok(Action::await_change())
         }
@@ -153,23 +154,9 @@ fn error_policy(pod: Arc<CachedPod>, error: &ReconcileError, ctx: Arc<PodContext
     let ReconcileError::Patch(_, e) = error;
     let wait = ctx
         .retries
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .entry(ObjectRef::from_obj(&*pod))
-        .or_insert_with(|| Backoff::new(Policy::WATCH))
-        .wait(Failure::of(e));
+        .failed(ObjectRef::from_obj(&*pod), Failure::of(e));
     tracing::warn!("{error}; retrying in {wait:.1?}");
     Action::requeue(wait)
-}
-
-impl PodContext {
-    /// The pod's patch was answered: its next failure starts the backoff over.
-    fn patched(&self, pod: &ObjectRef<CachedPod>) {
-        self.retries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(pod);
-    }
 }
 
 /// Pods to look at again after a PPM change.
@@ -250,13 +237,13 @@ pub async fn run(
     .retry_backoff()
     .reflect(writer)
     .inspect_ok({
-        let (by_node, written) = (by_node.clone(), ctx.written.clone());
-        let listed = ctx.pods_listed.clone();
+        let (by_node, ctx, cache) = (by_node.clone(), ctx.clone(), store.clone());
         move |event| {
             by_node.observe(event);
-            written.observe(event, &recheck_tx);
+            ctx.written.observe(event, &recheck_tx);
+            ctx.retries.observe(event, &cache);
             if matches!(event, watcher::Event::InitDone) {
-                listed.send_replace(true);
+                ctx.pods_listed.send_replace(true);
             }
         }
     })

@@ -416,3 +416,34 @@ fn only_changes_of_serverlessness_are_node_triggers() {
     changed.sort();
     assert_eq!(changed, ["n3", "n5"], "n3 appeared, n5 is gone");
 }
+
+#[test]
+fn a_patch_backoff_ends_with_its_answer_its_pod_or_a_relist_without_the_pod() {
+    let throttled = podprobe_ops::backoff::Failure::Throttled { retry_after: None };
+    let (cache, mut writer) = reflector::store::<CachedPod>();
+    let (a, b, c) = (on_node("a", "n1"), on_node("b", "n1"), on_node("c", "n1"));
+    let retries = PatchRetries::default();
+    for p in [&a, &b, &c] {
+        writer.apply_watcher_event(&Event::Apply(p.clone()));
+        retries.failed(ObjectRef::from_obj(p), throttled);
+    }
+    // A second failure in a row waits longer than the first could.
+    let first = retries.failed(ObjectRef::from_obj(&a), throttled);
+    assert!(first >= std::time::Duration::from_secs(1), "{first:?}");
+    assert_eq!(retries.len(), 3);
+
+    retries.answered(&ObjectRef::from_obj(&a));
+    assert_eq!(retries.len(), 2);
+
+    let deleted = Event::Delete(b.clone());
+    writer.apply_watcher_event(&deleted);
+    retries.observe(&deleted, &cache);
+    assert_eq!(retries.len(), 1);
+
+    // `c` was deleted while the watch was away: the relist does not have it.
+    for event in [Event::Init, Event::InitApply(a.clone()), Event::InitDone] {
+        writer.apply_watcher_event(&event);
+        retries.observe(&event, &cache);
+    }
+    assert!(retries.is_empty());
+}
