@@ -93,6 +93,94 @@ pub fn sidecar_requests(
     Ok(counts)
 }
 
+/// The sidecars' status patches answered in a window (start-up), set against what they
+/// carried: a patch is *a transition* when it was accepted and set at least one condition to a
+/// status its pod did not have yet (a first result or a change); every other patch (refused,
+/// 429 included, or accepted with nothing new) is one the conditions alone did not need.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StatusPatches {
+    pub patches: usize,
+    /// Answered with anything but 2xx.
+    pub refused: usize,
+    /// Answered 429.
+    pub throttled: usize,
+    pub carrying_a_transition: usize,
+    /// Condition transitions written (a patch may carry several).
+    pub transitions: usize,
+}
+
+impl StatusPatches {
+    pub fn beyond_transitions(&self) -> usize {
+        self.patches - self.carrying_a_transition
+    }
+}
+
+/// The sidecars' status patches answered in `[from, to)` ([`StatusPatches`]).
+pub fn status_patches(
+    path: &Path,
+    from: Timestamp,
+    to: Timestamp,
+) -> std::io::Result<StatusPatches> {
+    let sidecar = format!("\"system:serviceaccount:{NS}:{SIDECAR_SA}\"");
+    let mut figures = StatusPatches::default();
+    let mut known: HashMap<(usize, String), String> = HashMap::new();
+    for file in audit_files(path)? {
+        for line in std::io::BufReader::new(std::fs::File::open(file)?).lines() {
+            let line = line?;
+            if !line.contains(&sidecar) || !line.contains("\"patch\"") {
+                continue;
+            }
+            let Ok(event) = serde_json::from_str::<AuditEvent>(&line) else {
+                continue;
+            };
+            let Some(object) = &event.object_ref else {
+                continue;
+            };
+            let Some(pod) = crate::pods::index_of(&object.name) else {
+                continue;
+            };
+            let in_window = event
+                .stage_timestamp
+                .as_deref()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+                .is_some_and(|at| at >= from && at < to);
+            if object.subresource != "status" || !in_window {
+                continue;
+            }
+            figures.patches += 1;
+            if !(200..300).contains(&event.code()) {
+                figures.refused += 1;
+                figures.throttled += usize::from(event.code() == 429);
+                continue;
+            }
+            let carried = conditions(&event)
+                .filter(|(kind, status)| {
+                    known.insert((pod, kind.clone()), status.clone()).as_ref() != Some(status)
+                })
+                .count();
+            figures.transitions += carried;
+            figures.carrying_a_transition += usize::from(carried > 0);
+        }
+    }
+    Ok(figures)
+}
+
+/// Every condition's type and status in a status patch's body.
+fn conditions(event: &AuditEvent) -> impl Iterator<Item = (String, String)> + '_ {
+    event
+        .request_object
+        .as_ref()
+        .and_then(|o| o["status"]["conditions"].as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            Some((
+                c["type"].as_str()?.to_owned(),
+                c["status"].as_str()?.to_owned(),
+            ))
+        })
+}
+
 /// Per pod index, its successful writes in the order answered.
 #[derive(Debug, Default)]
 pub struct Writes(HashMap<usize, Vec<(Timestamp, Write)>>);

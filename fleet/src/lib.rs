@@ -168,6 +168,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let baseline = measure::quiet(&cluster, &no_sidecars, idle_window, n).await?;
 
     let started = Instant::now();
+    let started_at = jiff::Timestamp::now();
     let mut hosts = sidecars::Hosts::start(
         &options.sidecar_host,
         work.path(),
@@ -193,6 +194,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         &processes,
         n,
     );
+    let startup_to = jiff::Timestamp::now();
     // Start-up's last writes (other probes' first results, Events) are not the idle cost.
     tokio::time::sleep(SETTLE).await;
 
@@ -252,6 +254,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let costs = writes.costs(&all);
     let idle_sidecar_requests =
         audit::sidecar_requests(&cluster.cp.audit_path(), idle_from, idle_to)?;
+    let startup_status_patches =
+        audit::status_patches(&cluster.cp.audit_path(), started_at, startup_to)?;
     // A flip that cost more than one status patch or marker write is what the figures are
     // about: show a few with their writes.
     for cost in costs
@@ -310,6 +314,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         marker_writes_per_flip_max: costs.iter().map(|c| c.marker_writes).max().unwrap_or(0),
         all_marked_seconds,
         startup,
+        startup_status_patches,
         apiserver_cpu_cores: flipping.apiserver_cpu_cores,
         apiserver_rss_mib: flipping.apiserver_rss_mib,
         manager_cpu_cores: flipping.manager_cpu_cores,

@@ -54,6 +54,9 @@ pub struct Report {
     pub all_marked_seconds: f64,
     /// From starting the sidecars to every pod having every condition.
     pub startup: Window,
+    /// The sidecars' status patches in the start-up window, against the transitions they
+    /// carried.
+    pub startup_status_patches: crate::audit::StatusPatches,
     /// The flipping window's figures, flattened for the headline.
     pub apiserver_cpu_cores: f64,
     pub apiserver_rss_mib: f64,
@@ -237,6 +240,18 @@ impl Report {
                 ));
             }
         }
+        let sp = &self.startup_status_patches;
+        let per_pod = |n: usize| n as f64 / self.pods.max(1) as f64;
+        out.push_str(&format!(
+            "start-up status patches per pod: {:.2} ({:.2} carrying {:.2} transitions; \
+             {:.2} beyond them: {:.2} refused, {:.2} of those 429)\n",
+            per_pod(sp.patches),
+            per_pod(sp.carrying_a_transition),
+            per_pod(sp.transitions),
+            per_pod(sp.beyond_transitions()),
+            per_pod(sp.refused),
+            per_pod(sp.throttled),
+        ));
         out.push_str("requests per pod during start-up:");
         for (key, rate) in &self.startup.requests_per_second {
             let per_pod = rate * self.startup.seconds / self.pods.max(1) as f64;

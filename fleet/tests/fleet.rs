@@ -4,9 +4,10 @@
 //! second. The pods give their game container's command, so the chart's injection wraps it
 //! with the exec agent: each pod's exec probe runs through its own real agent. Fails when a
 //! flip's marker never shows, when a flip costs more than one status patch or more than one
-//! marker write, when an exec probe's condition is not True at the end (its agent did not
-//! answer), when an idle sidecar writes anything or keeps reconnecting, or when a sidecar
-//! holds more than its one connection to the apiserver. Like the real-node tests it needs the
+//! marker write, when start-up costs more than one status patch per pod beyond the
+//! conditions' first results, when an exec probe's condition is not True at the end (its
+//! agent did not answer), when an idle sidecar writes anything or keeps reconnecting, or when
+//! a sidecar holds more than its one connection to the apiserver. Like the real-node tests it needs the
 //! shipped static binaries (built when missing), `setpriv` and, as root, a writable cgroup
 //! filesystem (the agents' CPU is counted in a cgroup).
 
@@ -64,6 +65,21 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
             .any(|k| k.ends_with("pods/exec")),
         "exec probes went through the apiserver: {:?}",
         report.flipping.requests_per_second
+    );
+
+    // Start-up: each pod's first results are transitions (three probes, each its condition);
+    // a patch that carried none (refused, or nothing new) is what a retry storm is made of.
+    let startup = report.startup_status_patches;
+    assert!(
+        startup.transitions >= 3 * report.pods,
+        "{} condition transitions written at start-up for {} pods of three probes: {startup:?}",
+        startup.transitions,
+        report.pods
+    );
+    assert!(
+        startup.beyond_transitions() <= report.pods,
+        "more than one status patch per pod beyond the conditions' transitions at start-up: \
+         {startup:?}"
     );
 
     // Idle: nothing changes, so a sidecar has nothing to write; its watch ends at most once
