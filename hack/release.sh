@@ -8,7 +8,8 @@
 #
 #   REGISTRY  where the images go (default ghcr.io/podprobe, the chart's default); log in first
 #             with `buildah login REGISTRY`
-#   VERSION   the tag (default: the chart's appVersion, which the chart's image tags follow)
+#   VERSION   the tag: the chart's appVersion, which the chart's image tags follow (the default;
+#             any other value is refused)
 #   OUT       (default target/dist: not cargo's target/release) what to attach to the GitHub
 #             release vVERSION: the chart package; the plugin's kubectl-podprobe-linux-ARCH.tar.gz
 #             and podprobe.yaml, krew's manifest (hack/krew-package.sh; URLs under that release
@@ -39,7 +40,16 @@ case "$dest" in
   oci:* | oci-archive:* | dir:*) mkdir -p "${dest#*:}" ;;
 esac
 registry="${REGISTRY:-ghcr.io/podprobe}"
-version="${VERSION:-$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/podprobe/Chart.yaml)}"
+app_version="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/podprobe/Chart.yaml)"
+version="${VERSION:-$app_version}"
+# The chart pulls its appVersion: images tagged otherwise would never be the chart's defaults,
+# and the chart's defaults would be other images (CONTRIBUTING.md, "Releasing").
+if [ "$version" != "$app_version" ]; then
+  echo "release: VERSION $version is not the chart's appVersion $app_version; set Chart.yaml's" \
+    "version and appVersion (and the workspace's version) to it first (CONTRIBUTING.md, \"Releasing\")" >&2
+  exit 2
+fi
+revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 out="${OUT:-target/dist}"
 helm="${HELM:-helm}"
 for tool in buildah "$helm" python3; do
@@ -82,7 +92,10 @@ for image in podprobe:sidecar podprobe-manager:manager; do
   buildah manifest rm "$list" >/dev/null 2>&1 || true
   buildah manifest create "$list" >/dev/null
   for arch in amd64 arm64; do
+    # Which commit and version an image is, readable from the registry without pulling it.
     buildah build --quiet --platform "linux/$arch" --target "$stage" \
+      --label "org.opencontainers.image.version=$version" \
+      --label "org.opencontainers.image.revision=$revision" \
       --build-context "binaries=$out/$arch" --manifest "$list" .
   done
   # The pushed list's digest: what users pin (REF@sha256:...), listed in $out/images.txt.

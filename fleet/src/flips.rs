@@ -177,6 +177,18 @@ impl Tracker {
         state.pods.iter().filter(|s| s.exec != Some(true)).count()
     }
 
+    /// Flips whose marker has not shown yet, split by whether their pod's condition already
+    /// shows the new state (the marker is late) or not (the result never reached the pod).
+    pub fn in_flight_by_condition(&self, targets: &Targets) -> (usize, usize) {
+        let state = self.state.lock().unwrap();
+        let written = state
+            .in_flight
+            .keys()
+            .filter(|&&i| state.pods[i].condition == Some(targets.is_healthy(i)))
+            .count();
+        (written, state.in_flight.len() - written)
+    }
+
     pub fn in_flight(&self) -> usize {
         self.state.lock().unwrap().in_flight.len()
     }

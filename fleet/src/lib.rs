@@ -236,6 +236,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let exec_not_true_at_end = tracker.count_exec_not_true();
     let wrong_at_end = tracker.count_wrong_without_flip(&targets);
     let conditions_wrong_at_end = tracker.count_condition_wrong(&targets);
+    let (unmarked_at_end, never_written) = tracker.in_flight_by_condition(&targets);
     let (done, lost) = tracker.results();
     eprintln!(
         "fleet: {flips_made} flips, {} done, {} lost; reading the audit log",
@@ -293,7 +294,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
         event_burst: options.event_burst.get(),
         flip_percent: options.flip_percent,
         flips: all.len(),
-        lost: lost.len() + wrong_at_end,
+        lost: never_written + wrong_at_end,
+        unmarked_at_end,
         wrong_at_end,
         conditions_wrong_at_end,
         exec: options.exec,

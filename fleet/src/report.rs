@@ -25,8 +25,13 @@ pub struct Report {
     pub event_burst: u32,
     pub flip_percent: f64,
     pub flips: usize,
-    /// Flips whose marker never showed the new state, plus `wrong_at_end`.
+    /// Flips whose result never reached their pod (marker not shown and condition not
+    /// written by the end of the drain), plus `wrong_at_end`. Records before 2026-11-28
+    /// counted `unmarked_at_end` here too (their `lost_was` keeps that figure).
     pub lost: usize,
+    /// Flips whose condition was written but whose marker had not shown by the end of the
+    /// drain: late, not lost.
+    pub unmarked_at_end: usize,
     /// Pods without a lost flip left showing a state their target does not have.
     pub wrong_at_end: usize,
     /// Pods whose flipped condition at the end is not their target's state: a lost transition
@@ -126,13 +131,15 @@ impl Report {
     pub fn summary(&self) -> String {
         let per_1000 = |cores: f64| cores * 1000.0 / self.pods.max(1) as f64;
         let mut out = format!(
-            "{} pods, source {:?}, manager {:?}: {} flips, {} lost; marker p50 {} p99 {}; \
+            "{} pods, source {:?}, manager {:?}: {} flips, {} lost, {} not marked by the end; \
+             marker p50 {} p99 {}; \
              {:.2} status patches and {:.2} marker writes per flip; all marked in {:.1} s\n",
             self.pods,
             self.source,
             self.manager,
             self.flips,
             self.lost,
+            self.unmarked_at_end,
             ms(self.marker_latency_p50_ms),
             ms(self.marker_latency_p99_ms),
             self.status_patches_per_flip,

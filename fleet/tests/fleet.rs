@@ -32,6 +32,10 @@ async fn every_flip_of_200_pods_is_one_status_patch_and_one_marker_write() {
     );
     assert_eq!(report.lost, 0, "flips lost or pods left wrong: {report:#?}");
     assert_eq!(
+        report.unmarked_at_end, 0,
+        "flips not marked by the end: {report:#?}"
+    );
+    assert_eq!(
         report.status_patches_per_flip_max, 1,
         "a flip cost more than one status patch"
     );

@@ -42,6 +42,10 @@ async fn a_20_s_apiserver_outage_under_100_sidecars_loses_nothing_and_recovers_i
         "transitions lost: {report:#?}"
     );
     assert_eq!(report.lost, 0, "flips lost or pods left wrong: {report:#?}");
+    assert_eq!(
+        report.unmarked_at_end, 0,
+        "flips not marked by the end: {report:#?}"
+    );
     assert_eq!(outage.undelivered, 0, "pending conditions never written");
     let p99 = outage.delivery_p99_ms.expect("delivery measured");
     assert!(

@@ -1,7 +1,7 @@
 //! Sidecar injection settings, loaded from a YAML file.
 //!
 //! Every field but `image` has a default that is safe under Pod Security "restricted", so the
-//! smallest useful file is `image: ghcr.io/podprobe/podprobe:v0.1.0`. Unknown keys are errors:
+//! smallest useful file is `image: ghcr.io/podprobe/podprobe:0.2.0`. Unknown keys are errors:
 //! a misspelt `readinesGates` silently ignored would be worse than a refused start.
 
 use std::collections::BTreeMap;

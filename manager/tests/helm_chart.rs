@@ -143,3 +143,55 @@ fn webhooks_point_at_the_manager_paths_with_the_documented_policies() {
     assert_eq!(hook["failurePolicy"], "Fail");
     assert_eq!(hook["sideEffects"], "None");
 }
+
+/// The chart's images are the ones built from its own commit: the chart's version, its
+/// `appVersion`, the crates' version (what `--version` and `*_build_info` report), the
+/// default image tags and the examples' sidecar image all say the same, and a version still in
+/// development (`-dev`, no image published under it) is the CHANGELOG's "Unreleased" section,
+/// a released one its own section (CONTRIBUTING.md, "Releasing").
+#[test]
+fn the_charts_images_are_built_from_its_own_commit() {
+    let chart = std::fs::read_to_string(chart::chart_dir().join("Chart.yaml")).unwrap();
+    let chart: serde_json::Value = serde_saphyr::from_str(&chart).expect("Chart.yaml");
+    let app_version = chart["appVersion"].as_str().expect("appVersion");
+    assert_eq!(chart["version"], app_version, "Chart.yaml's version");
+    assert_eq!(
+        env!("CARGO_PKG_VERSION"),
+        app_version,
+        "the workspace's version (Cargo.toml) is not the chart's appVersion"
+    );
+    let values = chart::values();
+    assert_eq!(values["image"]["tag"], app_version, "values.yaml image.tag");
+    let sidecar = values["injection"]["config"]["image"].as_str().unwrap();
+    assert_eq!(
+        sidecar,
+        format!("ghcr.io/podprobe/podprobe:{app_version}"),
+        "values.yaml injection.config.image"
+    );
+    for example in ["game-server-pod.yaml", "sidecar-by-hand.yaml"] {
+        let path = chart::chart_dir().join("../../examples").join(example);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let images: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image: ghcr.io/podprobe/podprobe"))
+            .collect();
+        assert!(!images.is_empty(), "{example} names no podprobe image");
+        for image in images {
+            assert_eq!(image, format!(":{app_version}"), "examples/{example}");
+        }
+    }
+    let changelog = std::fs::read_to_string(chart::chart_dir().join("../../CHANGELOG.md")).unwrap();
+    let newest = changelog
+        .lines()
+        .find_map(|l| l.strip_prefix("## "))
+        .expect("a section in CHANGELOG.md");
+    let expected = if app_version.ends_with("-dev") {
+        "Unreleased"
+    } else {
+        app_version
+    };
+    assert_eq!(
+        newest, expected,
+        "CHANGELOG.md's newest section for appVersion {app_version}"
+    );
+}

@@ -134,9 +134,19 @@ async fn lint_and_template_in_both_modes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("kubeVersion"));
 }
 
+/// The chart's `appVersion`: the tag its default images carry, and what a user's own build of
+/// the same commit is tagged with (charts/podprobe/README.md, "Install").
+fn app_version() -> String {
+    let chart = std::fs::read_to_string(cluster::chart_dir().join("Chart.yaml")).unwrap();
+    let chart: serde_json::Value = serde_saphyr::from_str(&chart).unwrap();
+    chart["appVersion"].as_str().unwrap().to_owned()
+}
+
 /// A user's own registry (README "Install"): installed with the manager's image, a pull
 /// secret and the sidecar's image from there, the apiserver holds them in the Deployment and
-/// the injection config; by default the Deployment names no pull secret.
+/// the injection config; by default the Deployment names no pull secret. An image tagged with
+/// an older version than the chart's is refused at render, with what to do instead; a newer
+/// one, a digest or a tag that is no version are the user's choice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_registry_values_reach_the_deployment_and_the_injection() {
     use k8s_openapi::api::apps::v1::Deployment;
@@ -144,13 +154,57 @@ async fn own_registry_values_reach_the_deployment_and_the_injection() {
     use kube::Api;
 
     let cp = control_plane().await;
+    let version = app_version();
     let default = render(
         &cp,
         &sets(&cp, "standalone"),
         &["templates/deployment.yaml"],
     );
     assert!(!default.contains("imagePullSecrets"), "{default}");
+    assert!(
+        default.contains(&format!("image: \"ghcr.io/podprobe/podprobe-manager:{version}\"")),
+        "{default}"
+    );
 
+    let template = |set: &str| {
+        let mut with = sets(&cp, "standalone");
+        with.push(set.to_owned());
+        helm(&cp, "template", &with, &["--kube-version", KUBE_VERSION])
+            .output()
+            .unwrap()
+    };
+    for older in [
+        "image.tag=0.1.0",
+        "injection.config.image=registry.example.com/podprobe/podprobe:0.1.0",
+        "injection.config.image=registry.example.com:5000/podprobe/podprobe:v0.0.9",
+    ] {
+        let out = template(older);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let value = older.split_once('=').unwrap().0;
+        assert!(
+            !out.status.success()
+                && stderr.contains(&format!("{value}: tag "))
+                && stderr.contains(&format!("is older than this chart ({version})"))
+                && stderr.contains("Build the images from the chart's own commit"),
+            "{older}: {stderr}"
+        );
+    }
+    for accepted in [
+        "image.tag=99.0.0",
+        "image.tag=latest",
+        "injection.config.image=registry.example.com/podprobe/podprobe@sha256:0123456789abcdef",
+        "injection.config.image=registry.example.com:5000/podprobe/podprobe",
+    ] {
+        let out = template(accepted);
+        assert!(
+            out.status.success(),
+            "{accepted}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let sidecar = format!("registry.example.com/podprobe/podprobe:{version}");
+    let sidecar_set = format!("injection.config.image={sidecar}");
     install(
         &cp,
         "standalone",
@@ -160,7 +214,7 @@ async fn own_registry_values_reach_the_deployment_and_the_injection() {
             "--set",
             "imagePullSecrets[0].name=regcred",
             "--set",
-            "injection.config.image=registry.example.com/podprobe/podprobe:0.1.0",
+            &sidecar_set,
         ],
     );
     let deployment = Api::<Deployment>::namespaced(cp.client(), RELEASE_NS)
@@ -169,8 +223,8 @@ async fn own_registry_values_reach_the_deployment_and_the_injection() {
         .unwrap();
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     assert_eq!(
-        pod.containers[0].image.as_deref(),
-        Some("registry.example.com/podprobe/podprobe-manager:0.1.0")
+        pod.containers[0].image,
+        Some(format!("registry.example.com/podprobe/podprobe-manager:{version}"))
     );
     let secrets: Vec<String> = pod
         .image_pull_secrets
@@ -185,7 +239,7 @@ async fn own_registry_values_reach_the_deployment_and_the_injection() {
         .unwrap();
     let injection = &config.data.unwrap()["injection.yaml"];
     assert!(
-        injection.contains("image: registry.example.com/podprobe/podprobe:0.1.0"),
+        injection.contains(&format!("image: {sidecar}")),
         "{injection}"
     );
 }

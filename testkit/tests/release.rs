@@ -93,6 +93,17 @@ fn release_builds_both_images_for_both_architectures_and_the_chart() {
     );
 
     let version = app_version();
+    let head = String::from_utf8(
+        Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .current_dir(images::workspace_path("."))
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
     let mut released = Vec::new();
     let mut by_digest = Vec::new();
     for (name, binary) in [
@@ -118,6 +129,18 @@ fn release_builds_both_images_for_both_architectures_and_the_chart() {
             let config = read_json(&blob(&layout, &image["config"]));
             assert_eq!(config["architecture"], arch.as_str(), "{name}");
             assert_eq!(config["config"]["User"], "65532:65532", "{name} {arch}");
+            // Which version and commit the image is, as the chart's default tag promises.
+            let labels = &config["config"]["Labels"];
+            assert_eq!(
+                labels["org.opencontainers.image.version"],
+                version.as_str(),
+                "{name} {arch}: {labels}"
+            );
+            assert_eq!(
+                labels["org.opencontainers.image.revision"],
+                head.as_str(),
+                "{name} {arch}: {labels}"
+            );
             assert_eq!(
                 config["config"]["Entrypoint"],
                 json!([format!("/usr/local/bin/{binary}")]),
@@ -341,5 +364,26 @@ fn plugin_assets(out: &Path, version: &str) {
         "krew-index's validation of {}: {}",
         manifest.display(),
         String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
+/// A release's images carry the chart's appVersion, which the chart pulls: any other
+/// `VERSION` is refused before anything is built.
+#[test]
+fn release_refuses_a_version_other_than_the_charts() {
+    let out = Command::new("bash")
+        .arg(images::workspace_path("hack/release.sh"))
+        .arg("--no-push")
+        .env("VERSION", "99.0.0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "VERSION 99.0.0 is not the chart's appVersion {}",
+            app_version()
+        )),
+        "{stderr}"
     );
 }
