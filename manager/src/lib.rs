@@ -28,6 +28,7 @@ pub mod leader;
 pub mod manifest;
 pub mod metrics;
 pub mod pods;
+pub mod retries;
 pub mod run;
 pub mod sidecar_token;
 pub mod status;

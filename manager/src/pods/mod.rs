@@ -29,14 +29,13 @@
 //! new pod has its own events).
 //!
 //! Rooms: [`decide`] (per pod: markers, propagation, the patch), [`written`] (patches the cache
-//! has not shown yet), [`retries`] (the backoff of a pod's failed patches), [`by_node`]
-//! (node → pods, serverless nodes), [`CachedPod`] (what the pod cache keeps of each pod),
-//! [`unprobed`] (pods that should run the sidecar and do not); the controller is here.
+//! has not shown yet), [`by_node`] (node → pods, serverless nodes), [`CachedPod`] (what the
+//! pod cache keeps of each pod), [`unprobed`] (pods that should run the sidecar and do not);
+//! the controller is here.
 
 pub mod by_node;
 mod cached;
 pub mod decide;
-mod retries;
 #[cfg(test)]
 mod tests;
 pub mod unprobed;
@@ -46,7 +45,6 @@ pub use by_node::PodsByNode;
 use by_node::node_triggers;
 pub use cached::{CachedPod, ConditionState};
 pub use decide::*;
-pub use retries::PatchRetries;
 pub use written::WrittenPatches;
 
 use std::collections::BTreeMap;
@@ -69,6 +67,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::{PpmCache, PpmChange};
 use crate::crd::PodProbeMarker;
 use crate::metrics::Metrics;
+use crate::retries::Retries;
 use crate::selector;
 
 /// The pod controller's context.
@@ -87,7 +86,7 @@ pub struct PodContext {
     /// several waiters in kube-runtime 5.0 (the controller's runner is already one).
     pub pods_listed: watch::Sender<bool>,
     /// Per pod, the backoff of its failed patches in a row.
-    pub retries: PatchRetries,
+    pub retries: Retries<CachedPod>,
 }
 
 impl std::fmt::Debug for PodContext {

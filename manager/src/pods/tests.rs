@@ -422,7 +422,7 @@ fn a_patch_backoff_ends_with_its_answer_its_pod_or_a_relist_without_the_pod() {
     let throttled = podprobe_ops::backoff::Failure::Throttled { retry_after: None };
     let (cache, mut writer) = reflector::store::<CachedPod>();
     let (a, b, c) = (on_node("a", "n1"), on_node("b", "n1"), on_node("c", "n1"));
-    let retries = PatchRetries::default();
+    let retries = crate::retries::Retries::new(podprobe_ops::backoff::Policy::WATCH);
     for p in [&a, &b, &c] {
         writer.apply_watcher_event(&Event::Apply(p.clone()));
         retries.failed(ObjectRef::from_obj(p), throttled);

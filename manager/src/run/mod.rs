@@ -291,7 +291,7 @@ async fn lead(
             status_triggers: status_tx,
             written: Default::default(),
             pods_listed: watch::Sender::new(false),
-            retries: Default::default(),
+            retries: crate::retries::Retries::new(podprobe_ops::backoff::Policy::WATCH),
         });
         let status_ctx = Arc::new(StatusContext {
             client: client.clone(),

@@ -1,6 +1,13 @@
 //! The issuer: for each pod labelled pending, a token bound to it in its Secret, then the
-//! pod released. Every replica runs it (it is idempotent: a second replica finds the Secret
-//! there and the gate gone), so injection and issue work without a leader, in both modes.
+//! pod released. Every replica runs it (a second replica finds the Secret there and waits,
+//! with backoff, while the first releases the pod), so injection and issue work without a
+//! leader, in both modes.
+//!
+//! What can go wrong shows on the pod, as Events: a refusal (no RoleBinding or ServiceAccount
+//! yet: a `helm upgrade` that adds a namespace may land after its pods) is asked again with
+//! backoff for [`REFUSAL_GRACE`] from the pod's creation, then the pod is released without its
+//! token; so is a pod whose Secret exists already after that time (another pod's, named by
+//! this one: never taken as this pod's).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +22,9 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
-use podprobe_ops::backoff::{AlreadyBackedOff, WatchRetry};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use podprobe_ops::backoff::{AlreadyBackedOff, Failure, Policy, WatchRetry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -23,12 +32,18 @@ use super::{GATE, LABEL, PENDING, REFUSED};
 use crate::inject::TOKEN_VOLUME;
 use crate::metrics::Metrics;
 use crate::patch::escape;
+use crate::retries::{PerObject, Retries};
 
 /// The lifetime asked for: a year, or less where the apiserver caps it
 /// (`--service-account-max-token-expiration`). The token is bound to the pod, so it stops
 /// working when the pod is deleted; a provider copies the Secret once, at start, so a shorter
 /// one would leave a long-lived pod without credentials.
 pub const EXPIRATION_SECONDS: i64 = 365 * 24 * 3600;
+
+/// How long after a pod's creation a refused TokenRequest is asked again before the pod is
+/// released without its token: its gate then holds it at most about this long (the last wait
+/// of the backoff, at most 30 s, comes on top), with a Warning Event on it meanwhile.
+pub const REFUSAL_GRACE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum IssueError {
@@ -38,6 +53,34 @@ pub enum IssueError {
         what: &'static str,
         source: kube::Error,
     },
+    #[error("pod {pod}: the sidecar's token was refused ({source}); asking again until {REFUSAL_GRACE:?} after the pod's creation")]
+    Refused { pod: String, source: kube::Error },
+    #[error("pod {pod}: the Secret it names exists already; looking again until {REFUSAL_GRACE:?} after the pod's creation (another replica may be releasing it)")]
+    Taken { pod: String },
+}
+
+impl IssueError {
+    fn failure(&self) -> Failure {
+        match self {
+            IssueError::Api { source, .. } => Failure::of(source),
+            IssueError::Refused { .. } | IssueError::Taken { .. } => {
+                Failure::Refused { retry_after: None }
+            }
+        }
+    }
+}
+
+/// Why a token could not be written.
+#[derive(Debug, thiserror::Error)]
+enum TokenError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// A Secret of that name exists. Another replica may have written it for this pod a moment
+    /// ago (it then releases the pod, which leaves the pending pods); or the pod names a Secret
+    /// that is not its own. The manager may not read Secrets, so it cannot tell which, and
+    /// never takes a Secret it did not just write as this pod's.
+    #[error("a Secret named {secret} exists already and was not written for this pod")]
+    Taken { secret: String },
 }
 
 /// How often the pending gauge is read from the issuer's cache.
@@ -48,6 +91,37 @@ const RELEASE_RETRY: Duration = Duration::from_secs(30);
 struct Context {
     client: Client,
     metrics: Arc<Metrics>,
+    retries: Arc<Retries<Pod>>,
+    /// Pods whose Secret this replica created and has not released yet: a release that
+    /// failed is tried again without taking the Secret's existence for another pod's.
+    written: Arc<PerObject<Pod, ()>>,
+    /// Pods told of a refusal that is asked again: told once, not at every retry.
+    warned: Arc<PerObject<Pod, ()>>,
+}
+
+impl Context {
+    /// A Warning Event on `pod`. A Recorder per Event, as the unprobed sweep does: one that
+    /// remembers would patch a repeated Event into a series, and the manager may only create
+    /// Events.
+    async fn warn(&self, pod: &Pod, reason: &str, note: String) {
+        let events = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: crate::pods::unprobed::REPORTING_CONTROLLER.into(),
+                instance: Some(crate::leader::replica_name()),
+            },
+        );
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: "IssueSidecarToken".into(),
+            secondary: None,
+        };
+        if let Err(e) = events.publish(&event, &pod.object_ref(&())).await {
+            tracing::warn!(pod = ?pod.metadata.name, "cannot publish the {reason} Event: {e}");
+        }
+    }
 }
 
 /// Runs the issuer until `shutdown`.
@@ -56,9 +130,21 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationTo
     let selector = format!("{LABEL}={PENDING}");
     // The watch holds exactly the pending pods: released ones leave its selector.
     let (pending, writer) = reflector::store();
+    let retries = Arc::new(Retries::new(Policy::WATCH));
+    let written = Arc::new(PerObject::default());
+    let warned = Arc::new(PerObject::default());
     let stream = watcher(pods, watcher::Config::default().labels(&selector))
         .retry_backoff()
         .reflect(writer)
+        .inspect_ok({
+            let (retries, written, warned) = (retries.clone(), written.clone(), warned.clone());
+            let cache = pending.clone();
+            move |event| {
+                retries.observe(event, &cache);
+                written.observe(event, &cache);
+                warned.observe(event, &cache);
+            }
+        })
         .applied_objects();
     // The controller would back its trigger stream off again, by kube-rs's default (up to a
     // minute) unless told: the watch would then stay away that long after an outage.
@@ -82,7 +168,13 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationTo
         .run(
             reconcile,
             error_policy,
-            Arc::new(Context { client, metrics }),
+            Arc::new(Context {
+                client,
+                metrics,
+                retries,
+                written,
+                warned,
+            }),
         )
         .for_each(|_| futures::future::ready(()))
         .await;
@@ -135,12 +227,34 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
         let pod = id.clone();
         move |source| IssueError::Api { pod, what, source }
     };
+    let oref = ObjectRef::from_obj(&*pod);
     let outcome = match issued_secret(&pod) {
         None => Err(format!("it has no {TOKEN_VOLUME} volume naming a Secret")),
+        Some(secret) if ctx.written.lock().contains_key(&oref) => Ok(secret),
         Some(secret) => match write_token(&ctx.client, &pod, ns, name, uid, &secret).await {
-            Ok(()) => Ok(secret),
-            Err(e) if refused(&e) => Err(e.to_string()),
-            Err(e) => return Err(api_error("issuing the sidecar's token")(e)),
+            Ok(()) => {
+                ctx.written.lock().insert(oref.clone(), ());
+                Ok(secret)
+            }
+            Err(TokenError::Taken { .. }) if within_grace(&pod) => {
+                return Err(IssueError::Taken { pod: id });
+            }
+            Err(e @ TokenError::Taken { .. }) => Err(e.to_string()),
+            Err(TokenError::Api(e)) if refused(&e) && within_grace(&pod) => {
+                if ctx.warned.lock().insert(oref.clone(), ()).is_none() {
+                    ctx.warn(
+                        &pod,
+                        "SidecarTokenRefused",
+                        format!(
+                            "the sidecar's token was refused ({e}); asked again until {REFUSAL_GRACE:?} after the pod's creation, then the pod is released without it"
+                        ),
+                    )
+                    .await;
+                }
+                return Err(IssueError::Refused { pod: id, source: e });
+            }
+            Err(TokenError::Api(e)) if refused(&e) => Err(e.to_string()),
+            Err(TokenError::Api(e)) => return Err(api_error("issuing the sidecar's token")(e)),
         },
     };
     let (released, outcome_label) = match &outcome {
@@ -150,6 +264,12 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
         }
         Err(why) => {
             tracing::warn!(pod = %id, "cannot issue the sidecar's token ({why}); releasing the pod without it (its token volume is optional): it runs, and its sidecar cannot reach the apiserver. Labelled {LABEL}={REFUSED}");
+            ctx.warn(
+                &pod,
+                "SidecarTokenNotIssued",
+                format!("released without the sidecar's token: {why}; its sidecar cannot reach the apiserver, so nothing probes this pod. Fix the cause and recreate the pod"),
+            )
+            .await;
             (Value::String(REFUSED.into()), "refused")
         }
     };
@@ -157,6 +277,9 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     let release = release_patch(&pod, uid, released);
     match pods.patch(name, &PatchParams::default(), &release).await {
         Ok(_) => {
+            ctx.retries.answered(&oref);
+            ctx.written.lock().remove(&oref);
+            ctx.warned.lock().remove(&oref);
             ctx.metrics.sidecar_token(outcome_label);
             Ok(Action::await_change())
         }
@@ -173,6 +296,15 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     }
 }
 
+/// Whether a refusal of `pod`'s token may still be asked again ([`REFUSAL_GRACE`]).
+fn within_grace(pod: &Pod) -> bool {
+    let Some(created) = &pod.metadata.creation_timestamp else {
+        return false;
+    };
+    let age = jiff::Timestamp::now().duration_since(created.0);
+    age < jiff::SignedDuration::try_from(REFUSAL_GRACE).unwrap_or_default()
+}
+
 /// A token of the pod's service account bound to the pod, into the Secret the pod mounts.
 async fn write_token(
     client: &Client,
@@ -181,7 +313,7 @@ async fn write_token(
     name: &str,
     uid: &str,
     secret: &str,
-) -> Result<(), kube::Error> {
+) -> Result<(), TokenError> {
     let account = pod
         .spec
         .as_ref()
@@ -208,9 +340,10 @@ async fn write_token(
             format!("the TokenRequest for {ns}/{account} came back without a token").into(),
         ));
     };
+    let secret_name = secret.to_owned();
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(secret.into()),
+            name: Some(secret_name.clone()),
             namespace: Some(ns.into()),
             labels: Some(BTreeMap::from([(
                 "app.kubernetes.io/managed-by".into(),
@@ -232,13 +365,13 @@ async fn write_token(
         ])),
         ..Default::default()
     };
-    match Api::<Secret>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &secret)
-        .await
-    {
-        // Another replica wrote it first.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        other => other.map(|_| ()),
+    let secrets = Api::<Secret>::namespaced(client.clone(), ns);
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Err(TokenError::Taken {
+            secret: secret_name,
+        }),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -260,9 +393,10 @@ fn release_patch(pod: &Pod, uid: &str, label: Value) -> Patch<Value> {
     Patch::Json(serde_json::from_value(Value::Array(ops)).expect("a JSON patch"))
 }
 
-fn error_policy(_pod: Arc<Pod>, error: &IssueError, _ctx: Arc<Context>) -> Action {
-    tracing::warn!("{error}; retrying in 5s");
-    Action::requeue(Duration::from_secs(5))
+fn error_policy(pod: Arc<Pod>, error: &IssueError, ctx: Arc<Context>) -> Action {
+    let wait = ctx.retries.failed(ObjectRef::from_obj(&*pod), error.failure());
+    tracing::warn!("{error}; retrying in {wait:.1?}");
+    Action::requeue(wait)
 }
 
 #[cfg(test)]
