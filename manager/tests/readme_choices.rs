@@ -4,7 +4,8 @@
 
 use k8s_openapi::api::core::v1::Container;
 use podprobe_manager::config::{ExecAgentChoice, InjectionConfig};
-use podprobe_manager::inject::{Shape, sidecar_container};
+use podprobe_manager::inject::shape::Shape;
+use podprobe_manager::inject::sidecar_container;
 
 /// The default cell of the README's choices row whose first cell names `key`.
 fn readme_default(key: &str) -> String {
@@ -29,7 +30,10 @@ fn env(container: &Container, name: &str) -> Option<String> {
 }
 
 fn chart_injection_config() -> InjectionConfig {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/podprobe/values.yaml");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/podprobe/values.yaml"
+    );
     let values: serde_json::Value =
         serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     serde_json::from_value(values["injection"]["config"].clone()).unwrap()

@@ -23,7 +23,7 @@ const NS: &str = "games";
 const POLICY: &str = "podprobe-manager-pods";
 const SECRETS_POLICY: &str = "podprobe-manager-secrets";
 const EVENTS_POLICY: &str = "podprobe-manager-events";
-const ONLY_SIDECAR_MISSING: &str = "may create only SidecarMissing Warning Events";
+const ONLY_OWN_WARNINGS: &str = "may create only its own Warning Events";
 const ONLY_METADATA: &str = "may change only a pod's labels and annotations";
 const ONLY_TOKENS: &str = "may create only its podprobe-token-* Secrets";
 /// The gates of the tests' pods: another controller's, and the one the manager lifts.
@@ -230,7 +230,7 @@ async fn the_manager_creates_only_sidecar_token_secrets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_manager_creates_only_sidecar_missing_events_about_pods() {
+async fn the_manager_creates_only_its_own_warnings_about_pods() {
     let (cp, manager) = installed().await;
     pod(&cp, "gs-0").await;
     let event = |name: &str| {
@@ -247,14 +247,16 @@ async fn the_manager_creates_only_sidecar_missing_events_about_pods() {
         e
     };
     #[rustfmt::skip] // a table: one case per entry
-    let cases: [(&str, Value, Option<&str>); 7] = [
+    let cases: [(&str, Value, Option<&str>); 9] = [
         ("SidecarMissing about the pod", event("report"), None),
-        ("another reason", with("other-reason", "reason", json!("Killing")), Some(ONLY_SIDECAR_MISSING)),
-        ("type Normal", with("normal", "type", json!("Normal")), Some(ONLY_SIDECAR_MISSING)),
-        ("about a Secret", with("secret", "regarding", json!({"apiVersion": "v1", "kind": "Secret", "namespace": NS, "name": "s"})), Some(ONLY_SIDECAR_MISSING)),
-        ("about a pod of another namespace", with("elsewhere", "regarding", json!({"apiVersion": "v1", "kind": "Pod", "namespace": "kube-system", "name": "p"})), Some(ONLY_SIDECAR_MISSING)),
-        ("as another controller", with("kubelet", "reportingController", json!("kubelet")), Some(ONLY_SIDECAR_MISSING)),
-        ("with a related object", with("related", "related", json!({"kind": "Pod", "namespace": NS, "name": "gs-1"})), Some(ONLY_SIDECAR_MISSING)),
+        ("SidecarTokenRefused about the pod", with("token-refused", "reason", json!("SidecarTokenRefused")), None),
+        ("SidecarTokenNotIssued about the pod", with("token-not-issued", "reason", json!("SidecarTokenNotIssued")), None),
+        ("another reason", with("other-reason", "reason", json!("Killing")), Some(ONLY_OWN_WARNINGS)),
+        ("type Normal", with("normal", "type", json!("Normal")), Some(ONLY_OWN_WARNINGS)),
+        ("about a Secret", with("secret", "regarding", json!({"apiVersion": "v1", "kind": "Secret", "namespace": NS, "name": "s"})), Some(ONLY_OWN_WARNINGS)),
+        ("about a pod of another namespace", with("elsewhere", "regarding", json!({"apiVersion": "v1", "kind": "Pod", "namespace": "kube-system", "name": "p"})), Some(ONLY_OWN_WARNINGS)),
+        ("as another controller", with("kubelet", "reportingController", json!("kubelet")), Some(ONLY_OWN_WARNINGS)),
+        ("with a related object", with("related", "related", json!({"kind": "Pod", "namespace": NS, "name": "gs-1"})), Some(ONLY_OWN_WARNINGS)),
     ];
     // The policy takes effect asynchronously: until an Event of another reason is refused.
     let probe = with("enforced-yet", "reason", json!("Other"));

@@ -107,7 +107,7 @@ async fn warnings(running: &installed::Running, name: &str) -> Vec<(String, Stri
 async fn a_pod_naming_another_pods_token_secret_never_gets_or_overwrites_it() {
     let running = install_and_run(start_control_plane().await, Mode::Standalone).await;
     let _target = listening_target(&running).await;
-    let victim = create_game_pod(&running, "victim").await;
+    create_game_pod(&running, "victim").await;
     let victim = wait_released(&running, "victim").await;
     assert_eq!(support::label(&victim, LABEL), None, "issued: {victim:?}");
     let secret_name = token_secret(&victim);
@@ -146,9 +146,10 @@ async fn a_pod_naming_another_pods_token_secret_never_gets_or_overwrites_it() {
     );
     let told = warnings(&running, "attacker").await;
     assert!(
-        told.iter().any(|(reason, note)| reason == "SidecarTokenNotIssued"
-            && note.contains(&secret_name)
-            && note.contains("exists already")),
+        told.iter()
+            .any(|(reason, note)| reason == "SidecarTokenNotIssued"
+                && note.contains(&secret_name)
+                && note.contains("exists already")),
         "{told:?}"
     );
 
@@ -169,7 +170,10 @@ async fn a_rolebinding_that_lands_after_the_pod_still_gets_its_token_issued() {
     // The chart's grant of token requests to the manager in the pod's namespace, taken away
     // and given back later, as a `helm upgrade` that adds the namespace would land it.
     let bindings: Api<RoleBinding> = Api::namespaced(running.cp.client(), NS);
-    let binding = bindings.get("podprobe-manager-sidecar-token").await.unwrap();
+    let binding = bindings
+        .get("podprobe-manager-sidecar-token")
+        .await
+        .unwrap();
     bindings
         .delete("podprobe-manager-sidecar-token", &DeleteParams::default())
         .await
@@ -178,12 +182,16 @@ async fn a_rolebinding_that_lands_after_the_pod_still_gets_its_token_issued() {
     let pod = create_game_pod(&running, "late").await;
     assert!(gated(&pod));
     // The refusal shows on the pod while it waits.
-    let told = testkit::wait::until_some(LIMIT, "a SidecarTokenRefused Event on the pod", async || {
-        let told = warnings(&running, "late").await;
-        told.iter()
-            .any(|(reason, _)| reason == "SidecarTokenRefused")
-            .then_some(told)
-    })
+    let told = testkit::wait::until_some(
+        LIMIT,
+        "a SidecarTokenRefused Event on the pod",
+        async || {
+            let told = warnings(&running, "late").await;
+            told.iter()
+                .any(|(reason, _)| reason == "SidecarTokenRefused")
+                .then_some(told)
+        },
+    )
     .await;
     assert!(
         told.iter()

@@ -162,7 +162,9 @@ async fn own_registry_values_reach_the_deployment_and_the_injection() {
     );
     assert!(!default.contains("imagePullSecrets"), "{default}");
     assert!(
-        default.contains(&format!("image: \"ghcr.io/podprobe/podprobe-manager:{version}\"")),
+        default.contains(&format!(
+            "image: \"ghcr.io/podprobe/podprobe-manager:{version}\""
+        )),
         "{default}"
     );
 
@@ -224,7 +226,9 @@ async fn own_registry_values_reach_the_deployment_and_the_injection() {
     let pod = deployment.spec.unwrap().template.spec.unwrap();
     assert_eq!(
         pod.containers[0].image,
-        Some(format!("registry.example.com/podprobe/podprobe-manager:{version}"))
+        Some(format!(
+            "registry.example.com/podprobe/podprobe-manager:{version}"
+        ))
     );
     let secrets: Vec<String> = pod
         .image_pull_secrets

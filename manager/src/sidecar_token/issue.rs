@@ -13,17 +13,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
-use kube::{Api, Client};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, Resource};
 use podprobe_ops::backoff::{AlreadyBackedOff, Failure, Policy, WatchRetry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -53,9 +53,13 @@ pub enum IssueError {
         what: &'static str,
         source: kube::Error,
     },
-    #[error("pod {pod}: the sidecar's token was refused ({source}); asking again until {REFUSAL_GRACE:?} after the pod's creation")]
+    #[error(
+        "pod {pod}: the sidecar's token was refused ({source}); asking again until {REFUSAL_GRACE:?} after the pod's creation"
+    )]
     Refused { pod: String, source: kube::Error },
-    #[error("pod {pod}: the Secret it names exists already; looking again until {REFUSAL_GRACE:?} after the pod's creation (another replica may be releasing it)")]
+    #[error(
+        "pod {pod}: the Secret it names exists already; looking again until {REFUSAL_GRACE:?} after the pod's creation (another replica may be releasing it)"
+    )]
     Taken { pod: String },
 }
 
@@ -336,9 +340,9 @@ async fn write_token(
         .create_token_request(account, &PostParams::default(), &request)
         .await?;
     let Some(token) = issued.status.map(|s| s.token).filter(|t| !t.is_empty()) else {
-        return Err(kube::Error::Service(
+        return Err(TokenError::Api(kube::Error::Service(
             format!("the TokenRequest for {ns}/{account} came back without a token").into(),
-        ));
+        )));
     };
     let secret_name = secret.to_owned();
     let secret = Secret {
@@ -394,7 +398,9 @@ fn release_patch(pod: &Pod, uid: &str, label: Value) -> Patch<Value> {
 }
 
 fn error_policy(pod: Arc<Pod>, error: &IssueError, ctx: Arc<Context>) -> Action {
-    let wait = ctx.retries.failed(ObjectRef::from_obj(&*pod), error.failure());
+    let wait = ctx
+        .retries
+        .failed(ObjectRef::from_obj(&*pod), error.failure());
     tracing::warn!("{error}; retrying in {wait:.1?}");
     Action::requeue(wait)
 }
