@@ -62,6 +62,10 @@ pub struct Report {
     /// The sidecars' status patches in the start-up window, against the transitions they
     /// carried.
     pub startup_status_patches: crate::audit::StatusPatches,
+    /// The sidecars' own requests answered in the start-up window (`verb resource[/sub]`, any
+    /// answer), from the audit log: a list of one named pod is `list pods` here, where the
+    /// apiserver's metrics count it as `GET pods`.
+    pub startup_sidecar_requests: std::collections::BTreeMap<String, usize>,
     /// The flipping window's figures, flattened for the headline.
     pub apiserver_cpu_cores: f64,
     pub apiserver_rss_mib: f64,
@@ -259,7 +263,11 @@ impl Report {
             per_pod(sp.refused),
             per_pod(sp.throttled),
         ));
-        out.push_str("requests per pod during start-up:");
+        out.push_str("the sidecars' requests per pod during start-up (audit log):");
+        for (key, count) in &self.startup_sidecar_requests {
+            out.push_str(&format!(" {key} {:.2};", per_pod(*count)));
+        }
+        out.push_str("\nrequests per pod during start-up (apiserver metrics, every client):");
         for (key, rate) in &self.startup.requests_per_second {
             let per_pod = rate * self.startup.seconds / self.pods.max(1) as f64;
             if per_pod >= 0.01 {
