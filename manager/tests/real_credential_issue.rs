@@ -42,17 +42,7 @@ async fn create_game_pod(running: &installed::Running, name: &str) -> Pod {
                                  "command": ["/game"]}]}
     }))
     .unwrap();
-    running
-        .cp
-        .wait_admission(&pod, |p| {
-            support::annotation(p, support::PODPROBE).is_some()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("the pod webhook never sees the PodProbeMarker: {e}"));
-    Api::<Pod>::namespaced(running.cp.client(), NS)
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap()
+    installed::create_once_admitted(running, &pod).await
 }
 
 /// The Secret the pod's token volume names.

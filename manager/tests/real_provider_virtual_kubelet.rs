@@ -36,8 +36,8 @@ use serde_json::json;
 use testkit::real::virtual_kubelet::{Provider, VirtualKubelet};
 
 use installed::{
-    LISTENING, NS, injected_container, install_and_run, run_injected_sidecar_with,
-    start_control_plane,
+    LISTENING, NS, create_once_admitted as create, injected_container, install_and_run,
+    run_injected_sidecar_with, start_control_plane,
 };
 use podprobe_manager::sidecar_token::{GATE, LABEL, REFUSED};
 
@@ -87,18 +87,6 @@ async fn issued_token(running: &installed::Running, pod: &Pod) -> String {
     let data = secret.data.unwrap();
     assert_eq!(data["namespace"].0, NS.as_bytes());
     String::from_utf8(data["token"].0.clone()).unwrap()
-}
-
-async fn create(running: &installed::Running, pod: &Pod) -> Pod {
-    running
-        .cp
-        .wait_admission(pod, |p| support::annotation(p, support::PODPROBE).is_some())
-        .await
-        .unwrap_or_else(|e| panic!("the pod webhook never sees the PodProbeMarker: {e}"));
-    Api::<Pod>::namespaced(running.cp.client(), NS)
-        .create(&PostParams::default(), pod)
-        .await
-        .unwrap()
 }
 
 fn phase(pod: &Pod) -> Option<&str> {

@@ -434,6 +434,20 @@ pub async fn wait_marked(running: &Running, name: &str) -> Pod {
     marked
 }
 
+/// `pod` created in [`NS`] through the admission chain once the webhook's cache has the
+/// PodProbeMarkers: the pod as the webhook injected it.
+pub async fn create_once_admitted(running: &Running, pod: &Pod) -> Pod {
+    running
+        .cp
+        .wait_admission(pod, |p| support::annotation(p, support::PODPROBE).is_some())
+        .await
+        .unwrap_or_else(|e| panic!("the pod webhook never sees the PodProbeMarker: {e}"));
+    Api::<Pod>::namespaced(running.cp.client(), NS)
+        .create(&PostParams::default(), pod)
+        .await
+        .unwrap()
+}
+
 /// Pod `name` (`app=game`, service account `podprobe-sidecar`, on node `vk-1`) created through
 /// the admission chain once the webhook's cache has the PodProbeMarkers, with the kubelet's
 /// status report written: the pod as the webhook injected it.
@@ -444,15 +458,8 @@ pub async fn admitted_game_pod(running: &Running, name: &str) -> Pod {
                  "containers": [{"name": "main", "image": "game:1"}]}
     }))
     .unwrap();
-    running
-        .cp
-        .wait_admission(&pod, |p| {
-            support::annotation(p, support::PODPROBE).is_some()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("the pod webhook never sees the PodProbeMarker: {e}"));
+    let created = create_once_admitted(running, &pod).await;
     let pods: Api<Pod> = Api::namespaced(running.cp.client(), NS);
-    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
     pods.patch_status(
         name,
         &kube::api::PatchParams::default(),
