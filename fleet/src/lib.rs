@@ -246,7 +246,7 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let (unmarked_at_end, never_written) = tracker.in_flight_by_condition(&targets);
     let (done, lost) = tracker.results();
     eprintln!(
-        "fleet: {flips_made} flips, {} done, {} lost; reading the audit log",
+        "fleet: {flips_made} flips, {} marked, {} not marked by the end; reading the audit log",
         done.len(),
         lost.len()
     );
