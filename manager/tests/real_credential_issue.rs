@@ -4,7 +4,8 @@
 //!   over it: after the grace it is released as refused, with an Event saying why;
 //! - a RoleBinding that lands after the pods (a `helm upgrade` adding a namespace) does not
 //!   leave them tokenless for life: the refusal is asked again with backoff, shown on the
-//!   pod as an Event meanwhile, and the token is issued once the binding is there.
+//!   pod as an Event meanwhile, and the token is issued once the binding is there; in both
+//!   modes (companion beside OpenKruise's kruise-manager).
 //!
 //! The pods tolerate the virtual node's taint (the virtual-node shape: a Secret and a
 //! scheduling gate); no scheduler runs, so each stays where the issuer leaves it.
@@ -156,7 +157,18 @@ async fn a_pod_naming_another_pods_token_secret_never_gets_or_overwrites_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolebinding_that_lands_after_the_pod_still_gets_its_token_issued() {
     let running = install_and_run(start_control_plane().await, Mode::Standalone).await;
-    let _target = listening_target(&running).await;
+    a_late_rolebinding_still_issues(&running).await;
+}
+
+/// The same beside OpenKruise: the issuer runs in companion mode too, and the chart lets it
+/// tell the pod (its Events grant and policy are not standalone's alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_companion_mode_a_late_rolebinding_is_told_on_the_pod_and_issued() {
+    a_late_rolebinding_still_issues(&installed::kruise_and_companion().await).await;
+}
+
+async fn a_late_rolebinding_still_issues(running: &installed::Running) {
+    let _target = listening_target(running).await;
     // The chart's grant of token requests to the manager in the pod's namespace, taken away
     // and given back later, as a `helm upgrade` that adds the namespace would land it.
     let bindings: Api<RoleBinding> = Api::namespaced(running.cp.client(), NS);
@@ -169,14 +181,14 @@ async fn a_rolebinding_that_lands_after_the_pod_still_gets_its_token_issued() {
         .await
         .unwrap();
 
-    let pod = create_game_pod(&running, "late").await;
+    let pod = create_game_pod(running, "late").await;
     assert!(gated(&pod));
     // The refusal shows on the pod while it waits.
     let told = testkit::wait::until_some(
         LIMIT,
         "a SidecarTokenRefused Event on the pod",
         async || {
-            let told = warnings(&running, "late").await;
+            let told = warnings(running, "late").await;
             told.iter()
                 .any(|(reason, _)| reason == "SidecarTokenRefused")
                 .then_some(told)
@@ -204,7 +216,7 @@ async fn a_rolebinding_that_lands_after_the_pod_still_gets_its_token_issued() {
         .await
         .unwrap();
 
-    let released = wait_released(&running, "late").await;
+    let released = wait_released(running, "late").await;
     assert_eq!(support::label(&released, LABEL), None, "{released:?}");
     let secret = Api::<Secret>::namespaced(running.cp.client(), NS)
         .get(&token_secret(&released))
@@ -213,7 +225,7 @@ async fn a_rolebinding_that_lands_after_the_pod_still_gets_its_token_issued() {
     let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(Some(owner.uid.as_str()), released.metadata.uid.as_deref());
     assert!(
-        !warnings(&running, "late")
+        !warnings(running, "late")
             .await
             .iter()
             .any(|(reason, _)| reason == "SidecarTokenNotIssued")
