@@ -401,7 +401,12 @@ fn error_policy(pod: Arc<Pod>, error: &IssueError, ctx: Arc<Context>) -> Action 
     let wait = ctx
         .retries
         .failed(ObjectRef::from_obj(&*pod), error.failure());
-    tracing::warn!("{error}; retrying in {wait:.1?}");
+    match error {
+        // With two replicas the second finds every pod's Secret written by the first, which
+        // is about to release the pod: routine, not worth a warning per pod of a burst.
+        IssueError::Taken { .. } => tracing::debug!("{error}; looking again in {wait:.1?}"),
+        _ => tracing::warn!("{error}; retrying in {wait:.1?}"),
+    }
     Action::requeue(wait)
 }
 
