@@ -16,6 +16,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 mod failure;
 mod state;
@@ -123,6 +124,8 @@ struct Shared {
     state: Mutex<State>,
     wake: Notify,
     idle: Notify,
+    /// Cancelled by [`ConditionWriter::flush`]: the backoff being waited out then ends at once.
+    flushing: CancellationToken,
 }
 
 /// Handle to the writer task.
@@ -205,7 +208,18 @@ impl ConditionWriter {
     }
 
     /// Waits until everything submitted is written, at most `limit`. Returns whether it was.
+    ///
+    /// The writer's last chance (the pod is stopping): a write waiting out a backoff, parked or
+    /// not, goes out now instead of after the process has exited, and without the coalescing
+    /// window. Only the wait running now is cut short: a write that fails again waits its
+    /// backoff, so a flush never turns into a loop of requests.
     pub async fn flush(&self, limit: Duration) -> bool {
+        {
+            let mut state = self.lock();
+            state.unpark();
+            state.urgent = true;
+        }
+        self.shared.flushing.cancel();
         let wait = async {
             loop {
                 let idle = self.shared.idle.notified();
@@ -263,7 +277,7 @@ impl WriteLoop {
             if let Next::Wait = self.wait_for_work().await {
                 continue;
             }
-            if self.coalesce && !lock(&self.shared).urgent {
+            if self.coalesce && !lock(&self.shared).urgent && !self.shared.flushing.is_cancelled() {
                 tokio::time::sleep(self.config.coalesce).await;
             }
             let Some(pod_uid) = self.uid.borrow_and_update().clone() else {
@@ -394,14 +408,15 @@ impl WriteLoop {
         let failure = Failure::of(error);
         let wait = self.backoff.wait(failure);
         self.coalesce = false;
+        // A write that failed during the flush waits as any other: one more try per flush.
+        let flushing = self.shared.flushing.clone();
+        let flush_pending = !flushing.is_cancelled();
         // Only a write that waits out an outage is released by the apiserver's answer.
-        if !matches!(failure, Failure::Unavailable { retry_after: None }) {
-            tokio::time::sleep(wait).await;
-            return;
-        }
+        let released_by_answer = matches!(failure, Failure::Unavailable { retry_after: None });
         tokio::select! {
             () = tokio::time::sleep(wait) => {}
-            () = self.answered.notified() => {
+            () = flushing.cancelled(), if flush_pending => {}
+            () = self.answered.notified(), if released_by_answer => {
                 tokio::time::sleep(RELEASE_SPREAD.mul_f64(rand::random::<f64>())).await;
             }
         }

@@ -147,6 +147,38 @@ async fn while_the_apiserver_cannot_answer_a_write_is_retried_every_few_seconds(
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_flush_sends_a_write_waiting_out_its_backoff_at_once_and_only_once() {
+    // Without the flush, the second attempt would come 15–30 s after the first: long after
+    // a stopping sidecar has exited.
+    let config = WriterConfig {
+        retry: podprobe_ops::backoff::Policy {
+            min: Duration::from_secs(30),
+            unavailable_max: Duration::from_secs(60),
+            ..podprobe_ops::backoff::Policy::STATUS_WRITE
+        },
+        ..WriterConfig::default()
+    };
+    let (writer, metrics) = start(config, ApiserverAnswered::default());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(transport_errors(&metrics), 1, "the first attempt");
+    assert!(
+        !writer.flush(Duration::from_millis(900)).await,
+        "the apiserver still cannot answer"
+    );
+    assert_eq!(
+        transport_errors(&metrics),
+        2,
+        "the flush did not send the waiting write"
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        transport_errors(&metrics),
+        2,
+        "a write that failed during the flush waits its backoff again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_answer_from_the_apiserver_releases_a_waiting_write_at_once() {
     let answered = ApiserverAnswered::default();
     // A first backoff long enough that, without the release, the second attempt would
