@@ -17,9 +17,11 @@ mod support;
 
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::Role;
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
@@ -446,6 +448,151 @@ async fn runs_exec_probes_through_the_agent(agent: VirtualAgent) {
         })
         .count();
     assert_eq!(execs, 0, "pods/exec requests");
+}
+
+/// Deleted while its last result waits out the backoff of refused writes (the sidecar's Role
+/// lost `pods/status` for a while, as in a `helm upgrade` that briefly replaces it): the
+/// sidecar's flush at SIGTERM, which the provider sends at deletion, writes the result before
+/// the pod is gone, although the writer's next attempt was seconds away.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_deletion_flushes_the_last_result() {
+    let (running, _node, pods) = game_on(VirtualAgent::default()).await;
+    let cp = &running.cp;
+    wait_for(&pods, "game-0", "probes written", game_up).await;
+
+    let roles: Api<Role> = Api::namespaced(cp.client(), NS);
+    let granted = roles.get("podprobe-sidecar").await.unwrap().rules;
+    let mut withheld = granted.clone().unwrap_or_default();
+    withheld.retain(|r| {
+        !r.resources
+            .iter()
+            .flatten()
+            .any(|resource| resource == "pods/status")
+    });
+    let set_rules = |rules| {
+        let roles = roles.clone();
+        async move {
+            let patch = Patch::Merge(json!({"rules": rules}));
+            roles
+                .patch("podprobe-sidecar", &PatchParams::default(), &patch)
+                .await
+                .unwrap();
+        }
+    };
+    set_rules(json!(withheld)).await;
+    sidecar_may_write_status(cp, false).await;
+
+    // The result changes while its writes are refused; from seven refusals in a row (6 to 13 s)
+    // the writer waits 6.4 s or more before its next attempt. RBAC refuses before the body is
+    // read, so the audit log has none: the sidecar's log says when the result is held.
+    exec(&pods, "game-0", "game", "touch /var/run/game/unhealthy").await;
+    let held_since = async {
+        loop {
+            let log = logs(&pods, "game-0", SIDECAR).await;
+            let changed = log.lines().any(|line| {
+                line.contains("probe result changed")
+                    && line.contains("healthy")
+                    && line.contains("Failed")
+            });
+            if changed {
+                return refused_status_writes(cp, "game-0");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let held_since = tokio::time::timeout(Duration::from_secs(30), held_since)
+        .await
+        .expect("the sidecar's log says the healthy probe failed");
+    let refusals_holding_the_result = async {
+        loop {
+            let refused = refused_status_writes(cp, "game-0");
+            if refused >= 7.max(held_since + 1) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), refusals_holding_the_result)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "seven refused writes, one after the result: {} refused, {held_since} before it",
+                refused_status_writes(cp, "game-0")
+            )
+        });
+    set_rules(json!(granted)).await;
+    sidecar_may_write_status(cp, true).await;
+
+    let before = pods.get("game-0").await.unwrap();
+    // True, or absent since the provider's last status write.
+    assert_ne!(
+        condition_status(&before, HEALTHY).as_deref(),
+        Some("False"),
+        "the new result is not written yet"
+    );
+    pods.delete("game-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let params = WatchParams::default().fields("metadata.name=game-0");
+    let version = before.metadata.resource_version.unwrap();
+    let mut events = pods.watch(&params, &version).await.unwrap().boxed();
+    let mut flushed = false;
+    let until_gone = async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            match event {
+                WatchEvent::Modified(pod) => {
+                    flushed |= pod.metadata.deletion_timestamp.is_some()
+                        && condition_status(&pod, HEALTHY).as_deref() == Some("False");
+                }
+                WatchEvent::Deleted(_) => return,
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), until_gone)
+        .await
+        .expect("the pod deleted within 60 s");
+    assert!(flushed, "the last result never showed on the deleted pod");
+}
+
+/// How many of the sidecar's status writes of `pod` were refused (403).
+fn refused_status_writes(cp: &ControlPlane, pod: &str) -> usize {
+    let sidecar = format!("system:serviceaccount:{NS}:podprobe-sidecar");
+    cp.audit()
+        .unwrap()
+        .iter()
+        .filter(|e| e.user.username == sidecar && e.is("patch", "pods/status", Some(pod)))
+        .filter(|e| e.code() == 403)
+        .count()
+}
+
+/// Waits until RBAC says the sidecar's account `may` patch pod status in the namespace.
+async fn sidecar_may_write_status(cp: &ControlPlane, may: bool) {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let review: SubjectAccessReview = serde_json::from_value(json!({"spec": {
+        "user": format!("system:serviceaccount:{NS}:podprobe-sidecar"),
+        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{NS}"),
+                   "system:authenticated"],
+        "resourceAttributes": {"namespace": NS, "verb": "patch", "resource": "pods",
+                               "subresource": "status"}
+    }}))
+    .unwrap();
+    let reviews: Api<SubjectAccessReview> = Api::all(cp.client());
+    let settled = async {
+        loop {
+            let answer = reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .unwrap();
+            if answer.status.is_some_and(|s| s.allowed == may) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), settled)
+        .await
+        .unwrap_or_else(|_| panic!("RBAC lets the sidecar write its status: {may}"));
 }
 
 /// The serverless protocol as OpenKruise users run it, on a virtual node that runs the pod:
