@@ -57,7 +57,7 @@ async fn a_pod_runs_on_the_node_and_stopping_leaves_nothing() {
     let done = wait_phase(&node, &pods, "probe-net", "Succeeded").await;
     let ip = done.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
     assert!(
-        ip.starts_with(node.network().pod_subnet().trim_end_matches("0/24")),
+        node.network().holds_pod_ip(&ip),
         "pod IP {ip} from the node's bridge"
     );
     let log = pods.logs("probe-net", &LogParams::default()).await.unwrap();

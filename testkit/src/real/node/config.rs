@@ -8,10 +8,10 @@ use std::path::Path;
 use super::images::PAUSE_IMAGE;
 
 /// Every node's pod subnet lies in this range (each node's [`NodeNetwork::pod_subnet`]
-/// is a /24 of it): kube-proxy's `--cluster-cidr`.
+/// is a /22 of it): kube-proxy's `--cluster-cidr`.
 ///
 /// [`NodeNetwork::pod_subnet`]: super::NodeNetwork::pod_subnet
-pub const CLUSTER_POD_CIDR: &str = "10.244.0.0/16";
+pub const CLUSTER_POD_CIDR: &str = "10.244.0.0/14";
 /// The port the kubelet serves on (exec, logs); free in the node's own namespace.
 pub const KUBELET_PORT: u16 = 10250;
 

@@ -10,8 +10,8 @@
 //! `10.96.<n>.0/24` ([`ServiceRange`]), which the host routes to this node alone: two node tests
 //! can run side by side without one's apiserver reaching the other's webhooks.
 //!
-//! The node's pods get `10.244.<n>.0/24` ([`NodeNetwork::pod_subnet`]), which the host routes
-//! to the node too: two nodes of one control plane (a kubelet node beside a virtual node, each
+//! The node's pods get the `<n>`-th /22 of `10.244.0.0/14` ([`NodeNetwork::pod_subnet`]),
+//! which the host routes to the node too: two nodes of one control plane (a kubelet node beside a virtual node, each
 //! in its network) reach each other's pods through the host, and reach the apiserver on the
 //! first network's host side, an address of the host's own.
 
@@ -124,9 +124,16 @@ impl NodeNetwork {
         Ipv4Addr::new(10, 213, self.index, 2)
     }
 
-    /// The subnet the node's CNI bridge gives its pods.
+    /// The subnet the node's CNI bridge gives its pods: the `<n>`-th /22 of
+    /// [`super::CLUSTER_POD_CIDR`], 1 021 pod addresses (a virtual node holds far more pods than a
+    /// kubelet's 110).
     pub fn pod_subnet(&self) -> String {
-        format!("10.244.{}.0/24", self.index)
+        pod_subnet(self.index)
+    }
+
+    /// Whether `ip` is an address of [`Self::pod_subnet`].
+    pub fn holds_pod_ip(&self, ip: &str) -> bool {
+        holds_pod_ip(self.index, ip)
     }
 
     /// The namespace's name under `/run/netns`.
@@ -225,6 +232,19 @@ fn run(command: &[&str]) -> Result<String, Error> {
     }
 }
 
+fn first_pod_address(index: u8) -> u32 {
+    u32::from(Ipv4Addr::new(10, 244, 0, 0)) + u32::from(index) * 1024
+}
+
+fn pod_subnet(index: u8) -> String {
+    format!("{}/22", Ipv4Addr::from(first_pod_address(index)))
+}
+
+fn holds_pod_ip(index: u8, ip: &str) -> bool {
+    ip.parse::<Ipv4Addr>()
+        .is_ok_and(|ip| u32::from(ip) >> 10 == first_pod_address(index) >> 10)
+}
+
 impl Drop for NodeNetwork {
     fn drop(&mut self) {
         // Deleting the namespace deletes its end of the veth pair, and with it the host end.
@@ -245,6 +265,16 @@ impl Drop for NodeNetwork {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_node_network_has_a_22_of_the_cluster_pod_range() {
+        assert_eq!(pod_subnet(1), "10.244.4.0/22");
+        assert_eq!(pod_subnet(64), "10.245.0.0/22");
+        assert_eq!(pod_subnet(200), "10.247.32.0/22");
+        assert!(holds_pod_ip(1, "10.244.7.254"));
+        assert!(!holds_pod_ip(1, "10.244.8.1"));
+        assert!(!holds_pod_ip(2, "10.244.7.254"));
+    }
 
     #[test]
     fn each_node_network_has_service_addresses_of_its_own() {
