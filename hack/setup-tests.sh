@@ -8,11 +8,13 @@ source hack/steps.sh
 
 debian_packages() {
   # capsh (procfs exec without CAP_SYS_PTRACE); the node tests' containerd, runc, CNI plugins,
-  # iptables (kube-proxy), busybox-static; buildah (images); qemu-user-static (arm64 binaries).
+  # iptables (kube-proxy), busybox-static; buildah (images); qemu-user-static (arm64 binaries);
+  # tini, dumb-init and catatonit (the inits users give the exec agent as its command).
   local missing=()
-  for tool in containerd runc iptables buildah qemu-aarch64-static; do
+  for tool in containerd runc iptables buildah qemu-aarch64-static dumb-init catatonit; do
     command -v "$tool" >/dev/null || missing+=("$tool")
   done
+  command -v tini-static >/dev/null || missing+=(tini)
   [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
   dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
   [ -x /usr/sbin/capsh ] || [ -x /sbin/capsh ] || [ -x /usr/bin/capsh ] || missing+=(libcap2-bin)

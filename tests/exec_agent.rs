@@ -332,78 +332,208 @@ async fn sigterm_reaches_the_command_and_its_exit_code_is_the_containers() {
     assert_eq!(agent.exited().await, WaitStatus::Exited(agent.pid, 7));
 }
 
-/// As PID 1 of its PID namespace, as in a container, the agent forwards a signal only if the
-/// command catches it: the kernel drops a signal sent to a namespace's init that has no handler
-/// for it, so a command that was PID 1 never saw it, and must not now. Here the command catches
-/// USR1 and not TERM (a non-interactive `sh` installs no handler for it): TERM must leave it
-/// running, and the USR1 after it end it with its own exit code. (Outside a namespace's init
-/// every signal is forwarded: `sigterm_reaches_the_command_and_its_exit_code_is_the_containers`.)
-/// Needs root for the PID namespace, as CI runs; fails without it.
-#[tokio::test]
-async fn as_pid_1_the_agent_forwards_only_the_signals_the_command_catches() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("agent.sock");
-    let ready = dir.path().join("ready");
-    let log = dir.path().join("agent.log");
-    let script = format!(
-        "trap 'exit 7' USR1; touch {}; while :; do sleep 0.05; done",
-        ready.display()
-    );
-    // A new PID namespace with its own /proc, where the agent is PID 1 and reads its
-    // command's signal handlers as a container's init does.
-    let mut unshare = Command::new("unshare");
-    unshare
-        .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--"])
-        .arg(env!("CARGO_BIN_EXE_podprobe"))
-        .args(["agent", "--socket"])
-        .arg(&socket)
-        .args(["--", "sh", "-c", &script])
-        .stderr(std::fs::File::create(&log).unwrap())
-        // The log line below is at info, the agent's default level, whatever the caller's.
-        .env_remove("RUST_LOG")
-        .process_group(0);
-    let (child, exit) = reaper::spawn(&mut unshare).unwrap();
-    let unshare_pid = Pid::from_raw(child.id() as i32);
-    drop(child);
-    let _group = KillGroupOnDrop(unshare_pid);
-    until_exists(&ready, "the command's trap").await;
-    let children =
-        std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
-            .unwrap();
-    let agent: i32 = children
-        .trim()
-        .parse()
-        .expect("unshare's one child, the agent");
-    let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
-    let nspid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .unwrap();
-    assert_eq!(
-        nspid.split_whitespace().last(),
-        Some("1"),
-        "the agent is not PID 1: {nspid}"
-    );
+/// `podprobe agent` as PID 1 of a new PID namespace with its own /proc, as in a container,
+/// where it reads its command's signal dispositions as a container's init does. Needs root
+/// for the namespace, as CI runs; fails without it.
+struct InitAgent {
+    dir: tempfile::TempDir,
+    /// The agent, as the test's namespace numbers it.
+    pid: Pid,
+    unshare: Pid,
+    exit: ExitStatusFuture,
+    _group: KillGroupOnDrop,
+}
 
-    kill(Pid::from_raw(agent), Signal::SIGTERM).unwrap();
+impl InitAgent {
+    /// Starts the agent wrapping `command`, whose `{dir}` is replaced by a fresh directory,
+    /// and returns once the command has created `{dir}/ready`.
+    async fn start(command: &[&str]) -> InitAgent {
+        let dir = tempfile::tempdir().unwrap();
+        let command: Vec<String> = command
+            .iter()
+            .map(|arg| arg.replace("{dir}", &dir.path().display().to_string()))
+            .collect();
+        let mut unshare = Command::new("unshare");
+        unshare
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--"])
+            .arg(env!("CARGO_BIN_EXE_podprobe"))
+            .args(["agent", "--socket"])
+            .arg(dir.path().join("agent.sock"))
+            .arg("--")
+            .args(&command)
+            .stderr(std::fs::File::create(dir.path().join("agent.log")).unwrap())
+            // The log line the tests read is at info, the agent's default level, whatever the
+            // caller's.
+            .env_remove("RUST_LOG")
+            .process_group(0);
+        let (child, exit) = reaper::spawn(&mut unshare).unwrap();
+        let unshare_pid = Pid::from_raw(child.id() as i32);
+        drop(child);
+        let group = KillGroupOnDrop(unshare_pid);
+        until_exists(&dir.path().join("ready"), "the command's readiness").await;
+        let children =
+            std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
+                .unwrap();
+        let agent: i32 = children
+            .trim()
+            .parse()
+            .expect("unshare's one child, the agent");
+        let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
+        let nspid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .unwrap();
+        assert_eq!(
+            nspid.split_whitespace().last(),
+            Some("1"),
+            "the agent is not PID 1: {nspid}"
+        );
+        InitAgent {
+            dir,
+            pid: Pid::from_raw(agent),
+            unshare: unshare_pid,
+            exit,
+            _group: group,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap()
+    }
+
+    async fn until_logged(&self, text: &str) {
+        let deadline = tokio::time::Instant::now() + 10 * SEC;
+        while !self.log().contains(text) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the agent did not log {text:?}: {}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Sends `sig` to the agent and returns how the namespace ended (the agent's exit code).
+    async fn stopped_by(self, sig: i32) -> Option<WaitStatus> {
+        use rustix_libc_wrappers::process::SignalExt;
+        let pid = rustix::process::Pid::from_raw(self.pid.as_raw()).unwrap();
+        let signal = rustix::process::Signal::from_raw(sig).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+        let log = self.log();
+        tokio::time::timeout(10 * SEC, self.exit.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the agent did not exit within 10 s of signal {sig}: {log}"))
+    }
+}
+
+/// As PID 1 the agent forwards a signal only if the command would have received it as PID 1:
+/// the kernel drops a signal sent to a namespace's init that neither handles nor blocks it, so
+/// a command that was PID 1 never saw it, and must not now. Here the command catches USR1 and
+/// not TERM (a non-interactive `sh` installs no handler for it and blocks nothing): TERM must
+/// leave it running, and the USR1 after it end it with its own exit code. (Outside a
+/// namespace's init every signal is forwarded:
+/// `sigterm_reaches_the_command_and_its_exit_code_is_the_containers`.)
+#[tokio::test]
+async fn as_pid_1_the_agent_forwards_only_the_signals_the_command_would_receive() {
+    let agent = InitAgent::start(&[
+        "sh",
+        "-c",
+        "trap 'exit 7' USR1; touch {dir}/ready; while :; do sleep 0.05; done",
+    ])
+    .await;
+    kill(agent.pid, Signal::SIGTERM).unwrap();
+    agent.until_logged("SIGTERM not forwarded").await;
+    let unshare = agent.unshare;
+    // 7: the command's trap ran; 143 would be the command killed by the forwarded TERM.
+    assert_eq!(
+        agent.stopped_by(libc_signal(Signal::SIGUSR1)).await,
+        Some(WaitStatus::Exited(unshare, 7))
+    );
+}
+
+/// The inits users copy from their image's ENTRYPOINT into `command` install no handler: tini
+/// and dumb-init wait for signals in `sigtimedwait`/`sigwait`, catatonit blocks them and reads
+/// a `signalfd`. As PID 1 each would receive SIGTERM, so the agent must forward it, and the
+/// server under them stops as it would without the agent, with its exit code.
+#[tokio::test]
+async fn as_pid_1_the_agent_forwards_sigterm_to_tini_dumb_init_and_catatonit() {
+    let server = "trap 'exit 7' TERM; touch {dir}/ready; while :; do sleep 0.05; done";
+    for init in [
+        &["tini-static", "--"][..],
+        &["dumb-init", "--"][..],
+        &["catatonit", "--"][..],
+    ] {
+        let command: Vec<&str> = init.iter().copied().chain(["sh", "-c", server]).collect();
+        let agent = InitAgent::start(&command).await;
+        let unshare = agent.unshare;
+        assert_eq!(
+            agent.stopped_by(libc_signal(Signal::SIGTERM)).await,
+            Some(WaitStatus::Exited(unshare, 7)),
+            "{} as the command",
+            init[0]
+        );
+    }
+}
+
+/// A server that blocks its stop signal and waits for it with `sigwait`, as many C and C++
+/// servers do, gets it; so does one whose stop signal is real-time (an image's `STOPSIGNAL
+/// SIGRTMIN+3`, or a pod's `lifecycle.stopSignal`).
+#[tokio::test]
+async fn as_pid_1_the_agent_forwards_to_a_sigwait_server_and_real_time_signals() {
+    let sigwait_server = |signal: &str, code: u8| {
+        format!(
+            "import pathlib, signal, sys\n\
+             stop = {signal}\n\
+             signal.pthread_sigmask(signal.SIG_BLOCK, {{stop}})\n\
+             pathlib.Path('{{dir}}/ready').touch()\n\
+             signal.sigwait({{stop}})\n\
+             sys.exit({code})\n"
+        )
+    };
+    for (signal, number, code) in [
+        ("signal.SIGTERM", libc_signal(Signal::SIGTERM), 7),
+        ("signal.SIGRTMIN + 3", rt_min() + 3, 9),
+    ] {
+        let script = sigwait_server(signal, code);
+        let agent = InitAgent::start(&["python3", "-c", &script]).await;
+        // Once the server sleeps in sigwait, /proc shows its stop signal neither caught nor
+        // blocked.
+        until_waiting_for_signals(agent.pid).await;
+        let unshare = agent.unshare;
+        assert_eq!(
+            agent.stopped_by(number).await,
+            Some(WaitStatus::Exited(unshare, i32::from(code))),
+            "{signal}"
+        );
+    }
+}
+
+fn libc_signal(sig: Signal) -> i32 {
+    sig as i32
+}
+
+/// SIGRTMIN as the C library numbers it (`kill -l`'s, and the agent's).
+fn rt_min() -> i32 {
+    nix::libc::SIGRTMIN()
+}
+
+/// Until the agent's one child sleeps in `rt_sigtimedwait`.
+async fn until_waiting_for_signals(agent: Pid) {
     let deadline = tokio::time::Instant::now() + 10 * SEC;
-    while !std::fs::read_to_string(&log)
-        .unwrap()
-        .contains("SIGTERM not forwarded")
-    {
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{agent}/task/{agent}/children")).unwrap();
+        let child = children.split_whitespace().next().unwrap_or_default();
+        let wchan = std::fs::read_to_string(format!("/proc/{child}/wchan")).unwrap_or_default();
+        if wchan.contains("sigtimedwait") {
+            return;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the agent did not say it kept SIGTERM from a command without a handler: {}",
-            std::fs::read_to_string(&log).unwrap()
+            "the server never waited in sigwait: {wchan:?}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    kill(Pid::from_raw(agent), Signal::SIGUSR1).unwrap();
-    let status = tokio::time::timeout(10 * SEC, exit.wait())
-        .await
-        .expect("the agent did not exit within 10 s after USR1");
-    // 7: the command's trap ran; 143 would be the command killed by the forwarded TERM.
-    assert_eq!(status, Some(WaitStatus::Exited(unshare_pid, 7)));
 }
 
 /// Kills a process group when dropped (a failed test leaves nothing running).

@@ -328,18 +328,22 @@ async fn pods_exec_requests(cp: &testkit::real::ControlPlane) -> u64 {
 }
 
 /// The chart as installed (no shared process namespace, a non-root sidecar without
-/// capabilities) and a game container that gives its command: the command runs under
-/// podprobe's exec agent, so the exec probe runs in the game container without a `pods/exec`
-/// request; SIGTERM reaches the game server through the agent; the restarted container's
-/// new agent takes the probes on.
+/// capabilities) and a game container that gives its command, started by tini as many game
+/// images are (`ENTRYPOINT ["tini", "--", ...]`): the command runs under podprobe's exec agent,
+/// so the exec probe runs in the game container without a `pods/exec` request; SIGTERM reaches
+/// the game server through the agent and tini (which installs no handler: it waits for
+/// signals); the restarted container's new agent takes the probes on.
 #[tokio::test(flavor = "multi_thread")]
 async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() {
     let (running, node) = node_and_chart_with(NodeOptions::default(), Mode::Standalone, &[]).await;
     let cp = &running.cp;
     create_ppm(cp, &game_ppm(false)).await;
     let mut pod = game_pod("game-agent", node.name());
-    pod.spec.as_mut().unwrap().containers[0].command =
-        Some(vec!["/usr/local/bin/gameserver".into()]);
+    pod.spec.as_mut().unwrap().containers[0].command = Some(vec![
+        "/bin/tini".into(),
+        "--".into(),
+        "/usr/local/bin/gameserver".into(),
+    ]);
     let pods = create_admitted(cp, &pod).await;
     let up = wait_for(&pods, "game-agent", "probes written", game_up).await;
     let log = logs(&pods, "game-agent", SIDECAR).await;
@@ -374,8 +378,8 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
     );
 
     // The runtime stops the container as the kubelet does, SIGTERM to its main process: the
-    // agent forwards it, the game server exits, and the container's exit is the game
-    // server's.
+    // agent forwards it to tini, tini to the game server, which exits, and the container's
+    // exit is the game server's.
     let stopped = node
         .ctr()
         .args(["tasks", "kill", "--signal", "SIGTERM", &game])

@@ -11,10 +11,11 @@
 //! reason is logged.
 //!
 //! "As when it was PID 1": the kernel delivers a signal to a namespace's PID 1 only if PID 1
-//! handles it, so a game server without a SIGTERM handler kept running until the kubelet's
-//! SIGKILL. As the agent's child it would die at once. So while the agent is PID 1 it forwards
-//! a signal only when the command catches it (`SigCgt` in `/proc/<pid>/status`); elsewhere (a
-//! pod sharing its process namespace, where `pause` is PID 1) it forwards every one.
+//! handles, ignores or blocks it, so a game server without a SIGTERM handler kept running until
+//! the kubelet's SIGKILL; as the agent's child it would die at once. So while the agent is PID
+//! 1 it forwards a signal only when the command would have received it ([`signals`]: caught,
+//! blocked, or awaited in `sigwait` as tini and dumb-init do); elsewhere (a pod sharing its
+//! process namespace, where `pause` is PID 1) it forwards every one.
 //!
 //! Whoever can reach the socket can run commands as this container's user; the manager gives
 //! each wrapped container a socket volume of its own, mounted there and in the sidecar only.
@@ -25,7 +26,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
-use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use tokio::net::{UnixListener, UnixStream};
@@ -34,17 +34,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::probe::exec::agent::{Request, Response, read_line, write_line};
 use crate::probe::{ExecAction, reaper};
 
-/// The signals forwarded to the command: those a runtime, `kubectl` or an operator sends to
-/// ask a process something (SIGKILL and SIGSTOP cannot be caught; SIGCHLD is the reaper's).
-const FORWARDED: [Signal; 7] = [
-    Signal::SIGTERM,
-    Signal::SIGINT,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-    Signal::SIGWINCH,
-];
+mod signals;
 
 /// How long a connection may take to send its request.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
@@ -55,10 +45,13 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
     // Registered before the command starts, so a SIGTERM that comes early is forwarded, not
     // lost (a PID 1 without a handler ignores it).
     let mut streams = Vec::new();
-    for sig in FORWARDED {
-        match signal(SignalKind::from_raw(sig as i32)) {
+    for sig in signals::forwarded() {
+        match signal(SignalKind::from_raw(sig)) {
             Ok(stream) => streams.push((sig, stream)),
-            Err(e) => tracing::warn!("podprobe agent: cannot forward {sig}: {e}"),
+            Err(e) => tracing::warn!(
+                "podprobe agent: cannot forward {}: {e}",
+                signals::name(sig)
+            ),
         }
     }
     let Some((program, args)) = command.split_first() else {
@@ -86,16 +79,18 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
         tokio::spawn(async move {
             let mut said = false;
             while stream.recv().await.is_some() {
-                if !init || catches(pid, sig) {
-                    let _ = kill(pid, sig);
+                if !init || signals::received_as_init(pid, sig) {
+                    signals::send(pid, sig);
                 } else if !said {
                     // Said, because a container that then ignores SIGTERM until the kubelet's
                     // SIGKILL looks like a fault of the agent's; once per signal, as a
                     // terminal's resizes may come by the hundred.
                     said = true;
                     tracing::info!(
-                        "podprobe agent: {sig} not forwarded: {program} has no handler for it, \
-                         and as its container's PID 1 it would have ignored it (said once)"
+                        "podprobe agent: {} not forwarded: {program} neither handles, blocks nor \
+                         waits for it, and as its container's PID 1 it would have ignored it \
+                         (said once)",
+                        signals::name(sig)
                     );
                 }
             }
@@ -122,17 +117,6 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Whether `pid` has a handler for `sig` (`SigCgt` in its status); `true` when unknown, so a
-/// signal is never lost for want of a reading.
-fn catches(pid: Pid, sig: Signal) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let caught = status
-        .lines()
-        .find_map(|l| l.strip_prefix("SigCgt:"))
-        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok());
-    caught.is_none_or(|mask| mask & (1 << (sig as i32 - 1)) != 0)
 }
 
 /// Binds `socket`, replacing what a previous instance of the container left, readable and

@@ -94,7 +94,11 @@ pub fn build() -> Result<Vec<ImageArchive>, Error> {
     lay_out(&pause_dir, &[("pause", Entry::Copy(&pause))])?;
     let gameserver_dir = root.join("gameserver.context");
     let busybox = which("busybox")?;
-    lay_out(&gameserver_dir, &gameserver_entries(&gameserver, &busybox))?;
+    let tini = which("tini-static")?;
+    lay_out(
+        &gameserver_dir,
+        &gameserver_entries(&gameserver, &busybox, &tini),
+    )?;
 
     let images = [
         (
@@ -203,10 +207,16 @@ enum Entry<'a> {
 }
 
 /// The game server image's root filesystem.
-fn gameserver_entries<'a>(binary: &'a Path, busybox: &'a Path) -> Vec<(String, Entry<'a>)> {
+fn gameserver_entries<'a>(
+    binary: &'a Path,
+    busybox: &'a Path,
+    tini: &'a Path,
+) -> Vec<(String, Entry<'a>)> {
     let mut entries = vec![
         ("usr/local/bin/gameserver".to_owned(), Entry::Copy(binary)),
         ("bin/busybox".to_owned(), Entry::Copy(busybox)),
+        // The init many game images start from (`ENTRYPOINT ["tini", "--", ...]`).
+        ("bin/tini".to_owned(), Entry::Copy(tini)),
         ("idle.sh".to_owned(), Entry::Script(IDLE_SCRIPT)),
         ("probe.sh".to_owned(), Entry::Script(MINECRAFT_PROBE_SCRIPT)),
         // nginx's stand-in (`httpd -f -p 80 -h /www`) serves this as `/`.
