@@ -16,7 +16,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
-use podprobe::probe::exec::agent::{Response, read_line, socket_path};
+use podprobe::probe::exec::agent::{Request, Response, read_line, socket_path, write_line};
 use podprobe::probe::reaper::{self, ExitStatusFuture};
 use podprobe::probe::{
     AgentExec, AttemptError, ExecAction, ExecConfig, ExecMode, Handler, MAX_MESSAGE_BYTES,
@@ -742,4 +742,56 @@ async fn a_malformed_request_is_answered_and_the_agent_keeps_serving() {
     );
     let obs = agent.probe(cmd(&["printf", "still here"]), 5 * SEC).await;
     assert_eq!(obs.unwrap(), Observation::succeeded("still here"));
+}
+
+/// A hundred attempts asked at once (far past a pod's 32 probes): at most 32 commands run, the
+/// others are refused at once, and the agent serves on.
+#[tokio::test]
+async fn a_hundred_concurrent_attempts_run_at_most_32_commands() {
+    let agent = Agent::start(IDLE).await;
+    let started = agent.volume().join("started");
+    let script = format!("echo $$ >> {}; sleep 2", started.display());
+    let asked = (0..100).map(|_| agent.probe(sh(&script), 10 * SEC));
+    let answers = futures::future::join_all(asked).await;
+    let ran = answers.iter().filter(|a| a.is_ok()).count();
+    let refused: Vec<String> = answers
+        .iter()
+        .filter_map(|a| a.as_ref().err().map(|e| e.to_string()))
+        .collect();
+    let commands = std::fs::read_to_string(&started).unwrap().lines().count();
+    assert!(
+        (1..=32).contains(&ran) && commands == ran,
+        "{ran} attempts answered, {commands} commands started"
+    );
+    // Past the 32 attempts, a request is answered with why; past 64 connections, one is
+    // closed unread.
+    assert!(
+        refused
+            .iter()
+            .all(|e| e.contains("already runs 32 attempts")
+                || e.contains("gave no answer")
+                || e.contains("cannot ask the exec agent")),
+        "{refused:?}"
+    );
+    let obs = agent.probe(cmd(&["printf", "still here"]), 5 * SEC).await;
+    assert_eq!(obs.unwrap(), Observation::succeeded("still here"));
+}
+
+/// An attempt whose asker hangs up (the sidecar restarted) is stopped at once, its command's
+/// group killed, not left running to its timeout in the game container.
+#[tokio::test]
+async fn an_attempt_whose_asker_hangs_up_is_stopped() {
+    let agent = Agent::start(IDLE).await;
+    let pid_file = agent.volume().join("pid");
+    let socket = socket_path(&agent.volume(), CONTAINER);
+    let mut stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    let request = Request {
+        command: sh(&format!("echo $$ > {}; exec sleep 60", pid_file.display())).command,
+        timeout_millis: 120_000,
+    };
+    write_line(&mut stream, &request).await.unwrap();
+    until_exists(&pid_file, "the command's pid").await;
+    let pid = read_pid(&pid_file);
+    drop(stream);
+    until_reaped(pid).await;
 }

@@ -24,20 +24,16 @@ use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
-use std::time::Duration;
 
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::probe::exec::agent::{Request, Response, read_line, write_line};
-use crate::probe::{ExecAction, reaper};
+use crate::probe::reaper;
 
+mod serving;
 mod signals;
-
-/// How long a connection may take to send its request.
-const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Runs `command` as the container's main process and serves exec probes on `socket` until
 /// it exits; returns its exit code.
@@ -48,10 +44,7 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
     for sig in signals::forwarded() {
         match signal(SignalKind::from_raw(sig)) {
             Ok(stream) => streams.push((sig, stream)),
-            Err(e) => tracing::warn!(
-                "podprobe agent: cannot forward {}: {e}",
-                signals::name(sig)
-            ),
+            Err(e) => tracing::warn!("podprobe agent: cannot forward {}: {e}", signals::name(sig)),
         }
     }
     let Some((program, args)) = command.split_first() else {
@@ -102,7 +95,7 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
                 "podprobe agent: {program} runs as pid {pid}; serving exec probes on {}",
                 socket.display()
             );
-            tokio::spawn(serve(listener));
+            tokio::spawn(serving::serve(listener));
         }
         Err(e) => tracing::warn!(
             "podprobe agent: cannot serve exec probes on {}: {e}; {program} runs anyway, and exec probes on this container fail until it restarts",
@@ -140,42 +133,6 @@ fn bind(socket: &Path) -> io::Result<UnixListener> {
     std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o666))?;
     std::fs::rename(&partial, socket)?;
     Ok(listener)
-}
-
-async fn serve(listener: UnixListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(answer(stream));
-            }
-            Err(e) => {
-                tracing::warn!("podprobe agent: accepting a probe connection failed: {e}");
-                // EMFILE and the like: give what holds descriptors a moment to let go.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-/// Runs one exec attempt with the same runner as the sidecar's `local` mode.
-async fn answer(mut stream: UnixStream) {
-    let request =
-        match tokio::time::timeout(REQUEST_DEADLINE, read_line::<Request>(&mut stream)).await {
-            Ok(Ok(request)) => request,
-            Ok(Err(e)) => {
-                let message = format!("the exec agent could not read the request: {e}");
-                let _ = write_line(&mut stream, &Response::Error { message }).await;
-                return;
-            }
-            Err(_) => return,
-        };
-    let action = ExecAction {
-        command: request.command,
-    };
-    let timeout = Duration::from_millis(request.timeout_millis);
-    let result = crate::probe::exec::attempt(&action, timeout).await;
-    // The sidecar may have given up meanwhile; nothing to do about a failed write.
-    let _ = write_line(&mut stream, &Response::of(result)).await;
 }
 
 #[derive(Debug, thiserror::Error)]

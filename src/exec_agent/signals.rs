@@ -112,7 +112,13 @@ mod tests {
     #[test]
     fn every_message_signal_is_forwarded_and_no_fault_or_child_signal() {
         let forwarded = forwarded();
-        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCONT, libc::SIGALRM] {
+        for sig in [
+            libc::SIGTERM,
+            libc::SIGINT,
+            libc::SIGHUP,
+            libc::SIGCONT,
+            libc::SIGALRM,
+        ] {
             assert!(forwarded.contains(&sig), "{}", name(sig));
         }
         for sig in [libc::SIGPWR, libc::SIGRTMIN() + 3, libc::SIGRTMAX() - 1] {

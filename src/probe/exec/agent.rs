@@ -79,15 +79,23 @@ pub async fn write_line<T: Serialize>(
 pub async fn read_line<T: for<'de> Deserialize<'de>>(
     stream: impl AsyncRead + Unpin,
 ) -> std::io::Result<T> {
+    read_line_within(stream, MAX_LINE_BYTES).await
+}
+
+/// Reads one JSON line of at most `max` bytes.
+pub async fn read_line_within<T: for<'de> Deserialize<'de>>(
+    stream: impl AsyncRead + Unpin,
+    max: u64,
+) -> std::io::Result<T> {
     use tokio::io::AsyncReadExt;
     let mut line = Vec::new();
-    BufReader::new(stream.take(MAX_LINE_BYTES))
+    BufReader::new(stream.take(max))
         .read_until(b'\n', &mut line)
         .await?;
     if line.last() != Some(&b'\n') {
         return Err(std::io::Error::new(
             ErrorKind::UnexpectedEof,
-            "the line ended early or was longer than 1 MiB",
+            format!("the line ended early or was longer than {max} bytes"),
         ));
     }
     serde_json::from_slice(&line).map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e))
