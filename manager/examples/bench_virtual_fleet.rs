@@ -140,7 +140,14 @@ async fn main() {
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
-    let uids = start_pods(cp, &pods, args.pods).await;
+    let available_before = mem_available_mib();
+    let (uids, up_in) = start_pods(cp, &pods, args.pods).await;
+    let host = Host {
+        up_in,
+        mib_per_pod: (available_before - mem_available_mib()) / args.pods as f64,
+        busy: on_node::usage::machine_busy(),
+        busy_after: 0.0,
+    };
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watching = {
@@ -190,12 +197,21 @@ async fn main() {
         next = (next + 1) % names.len();
     }
     let measured = started.elapsed();
+    let host = Host {
+        busy_after: on_node::usage::machine_busy(),
+        ..host
+    };
     // The last flips get the time a flip takes to show.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let audit = writes(cp) - audit_before;
     let audited = started.elapsed();
     watching.abort();
-    let line = report(&args, &seen.lock().unwrap(), measured, (audit, audited));
+    let line = report(
+        &args,
+        &seen.lock().unwrap(),
+        (measured, &host),
+        (audit, audited),
+    );
     println!("{line}");
     let out =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/virtual_fleet.jsonl");
@@ -230,7 +246,11 @@ fn fleet_ppm() -> podprobe_manager::crd::PodProbeMarker {
 
 /// Creates `n` game servers for the virtual node and waits until each shows both conditions
 /// True; their uids by name.
-async fn start_pods(cp: &ControlPlane, pods: &Api<Pod>, n: usize) -> HashMap<String, String> {
+async fn start_pods(
+    cp: &ControlPlane,
+    pods: &Api<Pod>,
+    n: usize,
+) -> (HashMap<String, String>, Duration) {
     let pod = |i: usize| -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": format!("fleet-{i}"), "namespace": NS, "labels": {"app": "fleet"}},
@@ -249,6 +269,7 @@ async fn start_pods(cp: &ControlPlane, pods: &Api<Pod>, n: usize) -> HashMap<Str
     })
     .await
     .unwrap();
+    let started = Instant::now();
     futures::stream::iter(0..n)
         .for_each_concurrent(CONCURRENCY, |i| {
             let pod = pod(i);
@@ -257,7 +278,6 @@ async fn start_pods(cp: &ControlPlane, pods: &Api<Pod>, n: usize) -> HashMap<Str
             }
         })
         .await;
-    let started = Instant::now();
     let selector = ListParams::default().labels("app=fleet");
     loop {
         let up: HashMap<String, String> = pods
@@ -275,7 +295,7 @@ async fn start_pods(cp: &ControlPlane, pods: &Api<Pod>, n: usize) -> HashMap<Str
             .collect();
         if up.len() == n {
             eprintln!("{n} pods up in {:.0?}", started.elapsed());
-            return up;
+            return (up, started.elapsed());
         }
         assert!(
             started.elapsed() < Duration::from_secs(900),
@@ -327,10 +347,34 @@ fn writes(cp: &ControlPlane) -> Writes {
 }
 
 /// `writes`: those of the window and the wait after it (how long that was).
+/// What the machine gave the fleet.
+struct Host {
+    /// From the first pod created to every pod showing both conditions True.
+    up_in: Duration,
+    /// The machine's `MemAvailable` taken by each running pod (its containers, their shims,
+    /// the provider's and the apiserver's share).
+    mib_per_pod: f64,
+    /// Busy CPU seconds of the machine at the window's start and end.
+    busy: f64,
+    busy_after: f64,
+}
+
+/// `MemAvailable` of the machine, MiB.
+fn mem_available_mib() -> f64 {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: f64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
 fn report(
     args: &Args,
     seen: &Seen,
-    measured: Duration,
+    (measured, host): (Duration, &Host),
     (writes, audited): (Writes, Duration),
 ) -> serde_json::Value {
     let percentile = |mut v: Vec<Duration>, p: f64| -> Option<f64> {
@@ -349,6 +393,10 @@ fn report(
     let per_pod_hour = |n: usize| (n as f64 / pod_hours).round();
     json!({
         "date": jiff::Timestamp::now().strftime("%Y-%m-%d").to_string(),
+        "command": format!(
+            "cargo run --release -p podprobe-manager --example bench_virtual_fleet -- {}",
+            std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+        ),
         "node": if args.aci { "vk-cri --aci (library v1.11.0)" } else { "vk-cri (library v1.14.1)" },
         "pods": args.pods,
         "seconds": measured.as_secs(),
@@ -364,5 +412,8 @@ fn report(
         "sidecar_writes_per_pod_hour": per_pod_hour(writes.sidecars),
         "provider_writes_per_pod_hour": per_pod_hour(writes.provider),
         "marker_writes_per_pod_hour": per_pod_hour(writes.markers),
+        "all_pods_up_s": host.up_in.as_secs(),
+        "host_mib_per_pod": host.mib_per_pod.round(),
+        "host_cores_busy": ((host.busy_after - host.busy) / measured.as_secs_f64() * 100.0).round() / 100.0,
     })
 }
