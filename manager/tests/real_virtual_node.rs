@@ -158,7 +158,6 @@ async fn virtual_node_runs_the_injected_pod_and_its_probes() {
     runs_the_injected_pod_and_its_probes(VirtualAgent::default()).await;
 }
 
-/// The same on the library azure-aci v1.6.4 is built on.
 /// The same on interLink's behaviour: the provider's status carries the condition `Ready`
 /// alone, written whole every sync.
 #[tokio::test(flavor = "multi_thread")]
@@ -170,6 +169,7 @@ async fn virtual_node_ready_only_runs_the_injected_pod_and_its_probes() {
     .await;
 }
 
+/// The same on the library azure-aci v1.6.4 is built on.
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_v1_11_runs_the_injected_pod_and_its_probes() {
     runs_the_injected_pod_and_its_probes(VirtualAgent {
@@ -456,7 +456,21 @@ async fn runs_exec_probes_through_the_agent(agent: VirtualAgent) {
 /// the pod is gone, although the writer's next attempt was seconds away.
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_deletion_flushes_the_last_result() {
-    let (running, _node, pods) = game_on(VirtualAgent::default()).await;
+    deletion_flushes_the_last_result(VirtualAgent::default()).await;
+}
+
+/// The same on the library azure-aci v1.6.4 is built on.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_v1_11_deletion_flushes_the_last_result() {
+    deletion_flushes_the_last_result(VirtualAgent {
+        library: testkit::real::Library::V1_11,
+        ..VirtualAgent::default()
+    })
+    .await;
+}
+
+async fn deletion_flushes_the_last_result(agent: VirtualAgent) {
+    let (running, _node, pods) = game_on(agent).await;
     let cp = &running.cp;
     wait_for(&pods, "game-0", "probes written", game_up).await;
 
