@@ -12,6 +12,8 @@
 //!   APF says it in the header only, which kube-rs's errors do not carry: the throttled
 //!   minimum (1 s) stands in for it. kube-rs's client retries 429s itself by default, each
 //!   after exactly the header's 1 s: the binaries turn that off (`default_retry`);
+//! - a refusal's wait grows with refusals in a row: the first after failures of another kind
+//!   (an outage) starts from the minimum, since the apiserver that refuses is back;
 //! - only an answer resets it: for a watch, an object of a successful (re)list or watch. A
 //!   kube-rs watcher emits `Init` before each new list, an `Ok` item that says nothing of the
 //!   apiserver; kube-rs's `StreamBackoff` reset on it, so a watch whose list kept failing never
@@ -125,6 +127,8 @@ pub struct Backoff {
     policy: Policy,
     /// The backoff the next failure starts from.
     next: Duration,
+    /// Whether the last failure was a refusal.
+    refusing: bool,
 }
 
 impl Backoff {
@@ -132,11 +136,21 @@ impl Backoff {
         Backoff {
             policy,
             next: policy.min,
+            refusing: false,
         }
     }
 
     /// The wait after `failure`, and the backoff grown for the next one.
     pub fn wait(&mut self, failure: Failure) -> Duration {
+        let refused = matches!(failure, Failure::Refused { .. });
+        if refused && !std::mem::replace(&mut self.refusing, true) {
+            // The first refusal after an outage is an answer from an apiserver that is back
+            // (one that is still starting refuses what its authorizer cannot check yet): it
+            // starts from the minimum, not from the outage's grown backoff, which had the
+            // last pending writes of a 20 s outage wait 4 to 8 s more.
+            self.next = self.policy.min;
+        }
+        self.refusing = refused;
         let p = &self.policy;
         let (floor, cap) = match failure {
             Failure::Unavailable { .. } => (p.min, p.unavailable_max),
@@ -153,6 +167,7 @@ impl Backoff {
     /// The apiserver answered: the next failure starts from the minimum.
     pub fn reset(&mut self) {
         self.next = self.policy.min;
+        self.refusing = false;
     }
 }
 

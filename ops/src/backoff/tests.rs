@@ -174,3 +174,19 @@ fn a_refused_write_waits_up_to_a_minute_and_a_503s_hint_is_a_floor() {
     };
     assert!(backoff.wait(hinted) >= Duration::from_secs(3));
 }
+
+#[test]
+fn a_refusal_after_an_outage_starts_from_the_minimum_and_refusals_in_a_row_grow() {
+    let mut backoff = Backoff::new(Policy::STATUS_WRITE);
+    for _ in 0..8 {
+        backoff.wait(UNAVAILABLE);
+    }
+    let refused = Failure::Refused { retry_after: None };
+    let first = backoff.wait(refused);
+    assert!(first <= Duration::from_millis(200), "{first:?}");
+    let waits: Vec<Duration> = (0..4).map(|_| backoff.wait(refused)).collect();
+    assert!(
+        waits[3] >= Duration::from_millis(1600),
+        "refusals in a row still back off: {waits:?}"
+    );
+}
