@@ -88,6 +88,12 @@ struct AgentArgs {
     #[arg(long)]
     socket: PathBuf,
 
+    /// Where a command that cannot start is explained: the container's
+    /// `terminationMessagePath`, which the kubelet shows as the container's last termination
+    /// message (`kubectl describe pod`), as it showed the runtime's StartError before the agent.
+    #[arg(long, default_value = "/dev/termination-log", value_name = "PATH")]
+    termination_log: PathBuf,
+
     /// The container's own command and arguments.
     #[arg(required = true, last = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -373,7 +379,9 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     })
             }
-            Command::Agent(args) => exec_agent::run(&args.socket, &args.command).await,
+            Command::Agent(args) => {
+                exec_agent::run(&args.socket, &args.termination_log, &args.command).await
+            }
             Command::InstallAgent { dest } => match exec_agent::install(&dest) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

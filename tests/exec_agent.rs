@@ -695,11 +695,17 @@ async fn an_idle_agents_reaper_does_not_wake() {
 }
 
 /// Runs `podprobe agent --socket SOCKET -- COMMAND` to its end: its pid and exit status.
-async fn run_to_exit(socket: &Path, command: &[&str]) -> (Pid, Option<WaitStatus>) {
+async fn run_to_exit(
+    socket: &Path,
+    termination_log: &Path,
+    command: &[&str],
+) -> (Pid, Option<WaitStatus>) {
     let mut agent = Command::new(env!("CARGO_BIN_EXE_podprobe"));
     agent
         .args(["agent", "--socket"])
         .arg(socket)
+        .arg("--termination-log")
+        .arg(termination_log)
         .arg("--")
         .args(command);
     let (child, exit) = reaper::spawn(&mut agent).unwrap();
@@ -709,12 +715,29 @@ async fn run_to_exit(socket: &Path, command: &[&str]) -> (Pid, Option<WaitStatus
     (pid, status)
 }
 
+/// A missing command exits 127 and one that cannot be executed 126, as a shell answers; why
+/// is the container's termination message, which the kubelet shows.
 #[tokio::test]
-async fn a_command_that_cannot_start_exits_as_a_shell_would() {
+async fn a_command_that_cannot_start_exits_as_a_shell_would_and_says_why() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent.sock");
-    let (pid, status) = run_to_exit(&socket, &["/no/such/server"]).await;
-    assert_eq!(status, Some(WaitStatus::Exited(pid, 127)));
+    let not_executable = dir.path().join("server");
+    std::fs::write(&not_executable, "data, not a program").unwrap();
+    std::fs::set_permissions(&not_executable, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let not_executable = not_executable.display().to_string();
+    for (command, code, reason) in [
+        ("/no/such/server", 127, "No such file or directory"),
+        (not_executable.as_str(), 126, "Permission denied"),
+    ] {
+        let message = dir.path().join("termination-log");
+        let (pid, status) = run_to_exit(&socket, &message, &[command]).await;
+        assert_eq!(status, Some(WaitStatus::Exited(pid, code)), "{command}");
+        let said = std::fs::read_to_string(&message).unwrap();
+        assert!(
+            said.contains("podprobe agent: cannot start") && said.contains(reason),
+            "{command}: {said:?}"
+        );
+    }
 }
 
 /// Serving probes is second to running the container's command: a socket that cannot be
@@ -723,8 +746,10 @@ async fn a_command_that_cannot_start_exits_as_a_shell_would() {
 async fn the_command_runs_when_the_socket_cannot_be_served() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("no-such-volume/agent.sock");
-    let (pid, status) = run_to_exit(&socket, &["sh", "-c", "exit 5"]).await;
+    let message = dir.path().join("termination-log");
+    let (pid, status) = run_to_exit(&socket, &message, &["sh", "-c", "exit 5"]).await;
     assert_eq!(status, Some(WaitStatus::Exited(pid, 5)));
+    assert!(!message.exists(), "the command's own exit is not explained");
 }
 
 #[tokio::test]

@@ -659,6 +659,31 @@ mod tests {
     }
 
     #[test]
+    fn a_container_with_its_own_termination_message_path_has_the_agent_write_there() {
+        let exec = vec!["main".to_string()];
+        let ctx = InjectContext {
+            native_sidecars_supported: true,
+            exec_probe_containers: &exec,
+            ..Default::default()
+        };
+        let mut p = with_command(pod(ENABLED), Some(&["/server"]));
+        p.spec.as_mut().unwrap().containers[0].termination_message_path = Some("/why".into());
+        let spec = applied(&p, &inject_ops(&p, &config(), &ctx)).spec.unwrap();
+        let command = spec.containers[0].command.clone().unwrap();
+        assert_eq!(
+            command[2..],
+            [
+                "--socket",
+                "/podprobe-agent-socket/agent.sock",
+                "--termination-log",
+                "/why",
+                "--",
+                "/server"
+            ]
+        );
+    }
+
+    #[test]
     fn the_container_exec_probes_target_runs_its_command_under_the_agent() {
         let exec = vec!["main".to_string()];
         let ctx = InjectContext {

@@ -299,6 +299,16 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
 }
 
 /// `sh -c script` in the container `id` through containerd alone (no apiserver request).
+/// How the game container last ended, running or not now.
+fn game_termination(pod: &Pod) -> Option<k8s_openapi::api::core::v1::ContainerStateTerminated> {
+    let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
+    let game = statuses.iter().find(|c| c.name == "game")?;
+    [game.state.as_ref(), game.last_state.as_ref()]
+        .into_iter()
+        .flatten()
+        .find_map(|s| s.terminated.clone())
+}
+
 fn ctr_exec(node: &testkit::real::Node, id: &str, exec_id: &str, script: &str) {
     let status = node
         .ctr()
@@ -427,6 +437,25 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
         condition_status(p, IDLE).as_deref() == Some("True")
     })
     .await;
+
+    // A command that cannot start: the container ends as a shell would say (127), and why is
+    // its termination message, which `kubectl describe` shows (the runtime's StartError did
+    // before the agent).
+    let mut missing = game_pod("game-missing", node.name());
+    missing.spec.as_mut().unwrap().containers[0].command = Some(vec!["/no/such/game".into()]);
+    let pods = create_admitted(cp, &missing).await;
+    let ended = wait_for(&pods, "game-missing", "the game container's end", |p| {
+        game_termination(p).is_some_and(|t| t.exit_code == 127)
+    })
+    .await;
+    let message = game_termination(&ended)
+        .unwrap()
+        .message
+        .unwrap_or_default();
+    assert!(
+        message.contains("cannot start") && message.contains("No such file or directory"),
+        "{message:?}"
+    );
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

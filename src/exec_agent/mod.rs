@@ -37,7 +37,7 @@ mod signals;
 
 /// Runs `command` as the container's main process and serves exec probes on `socket` until
 /// it exits; returns its exit code.
-pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
+pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> ExitCode {
     // Registered before the command starts, so a SIGTERM that comes early is forwarded, not
     // lost (a PID 1 without a handler ignores it).
     let mut streams = Vec::new();
@@ -54,7 +54,9 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
     let (child, exit) = match reaper::spawn(Command::new(program).args(args)) {
         Ok(started) => started,
         Err(e) => {
-            eprintln!("podprobe agent: cannot start {command:?}: {e}");
+            let reason = format!("podprobe agent: cannot start {command:?}: {e}");
+            eprintln!("{reason}");
+            explain_termination(termination_log, &reason);
             // What a shell answers for a missing (127) or unusable (126) command.
             return ExitCode::from(if e.kind() == ErrorKind::NotFound {
                 127
@@ -109,6 +111,18 @@ pub async fn run(socket: &Path, command: &[String]) -> ExitCode {
             eprintln!("podprobe agent: unexpected status of {program}: {other:?}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Writes why the container ends to its termination message file, which the kubelet reads
+/// when the container has stopped; said in the log when it cannot be written (a path the
+/// container does not have).
+fn explain_termination(path: &Path, reason: &str) {
+    if let Err(e) = std::fs::write(path, reason) {
+        eprintln!(
+            "podprobe agent: cannot write the termination message to {}: {e}",
+            path.display()
+        );
     }
 }
 

@@ -14,7 +14,8 @@
 //!   none can change the binary another runs;
 //! - each wrapped container's `command` becomes
 //!   `[/podprobe-agent/podprobe, agent, --socket, /podprobe-agent-socket/agent.sock, --,
-//!   <command>...]`; its `args` are appended after it by the runtime, as before;
+//!   <command>...]` (with `--termination-log <path>` before `--` for a container that sets
+//!   its own `terminationMessagePath`); its `args` are appended after it by the runtime;
 //! - the sidecar gets `PODPROBE_EXEC_AGENTS=<names>`.
 //!
 //! A container without a `command` in the pod spec runs its image's entrypoint, which admission
@@ -187,12 +188,24 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
+/// The kubelet's `terminationMessagePath` when a container sets none, and the agent's default.
+const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
+
 /// The ops wrapping container `index` whose command is `command`.
 fn wrap(ops: &mut Vec<PatchOp>, index: usize, command: &[String], c: &Container) {
     let socket = format!("{SOCKET_DIR}/agent.sock");
-    let mut wrapped: Vec<String> = [AGENT_BINARY, "agent", "--socket", &socket, "--"]
+    let mut wrapped: Vec<String> = [AGENT_BINARY, "agent", "--socket", &socket]
         .map(String::from)
         .to_vec();
+    // Where the agent explains a command that cannot start; the kubelet's default when unset.
+    if let Some(path) = c
+        .termination_message_path
+        .as_ref()
+        .filter(|p| *p != DEFAULT_TERMINATION_LOG)
+    {
+        wrapped.extend(["--termination-log".to_owned(), path.clone()]);
+    }
+    wrapped.push("--".to_owned());
     wrapped.extend(command.iter().cloned());
     let base = format!("/spec/containers/{index}");
     ops.push(PatchOp::Add {
