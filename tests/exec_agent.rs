@@ -820,3 +820,47 @@ async fn an_attempt_whose_asker_hangs_up_is_stopped() {
     drop(stream);
     until_reaped(pid).await;
 }
+
+/// As PID 1, the agent refuses a process of its own container (here: of its PID namespace and
+/// cgroup), which would otherwise run commands with the agent's user and capabilities; the
+/// asker from outside (the sidecar's place: another PID namespace) is answered.
+#[tokio::test]
+async fn as_pid_1_the_agent_refuses_a_process_of_its_own_container() {
+    let asker = "import json, pathlib, signal, socket, time\n\
+                 d = pathlib.Path('{dir}')\n\
+                 while not (d / 'agent.sock').exists():\n    time.sleep(0.01)\n\
+                 s = socket.socket(socket.AF_UNIX)\n\
+                 s.connect(str(d / 'agent.sock'))\n\
+                 s.sendall(json.dumps({'command': ['id', '-u'], 'timeoutMillis': 5000}).encode() + b'\\n')\n\
+                 (d / 'answer').write_bytes(s.makefile('rb').readline())\n\
+                 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n\
+                 (d / 'ready').touch()\n\
+                 signal.sigwait({signal.SIGTERM})\n";
+    let agent = InitAgent::start(&["python3", "-c", asker]).await;
+    let answer = std::fs::read_to_string(agent.dir.path().join("answer")).unwrap();
+    assert!(
+        answer.contains("refused pid") && answer.contains("own container"),
+        "{answer}"
+    );
+    let mut stream = tokio::net::UnixStream::connect(agent.dir.path().join("agent.sock"))
+        .await
+        .unwrap();
+    let request = Request {
+        command: cmd(&["printf", "from outside"]).command,
+        timeout_millis: 5_000,
+    };
+    write_line(&mut stream, &request).await.unwrap();
+    let answer: Response = read_line(&mut stream).await.unwrap();
+    assert_eq!(
+        answer,
+        Response::Observed {
+            outcome: Outcome::Succeeded,
+            message: "from outside".into()
+        }
+    );
+    let unshare = agent.unshare;
+    assert_eq!(
+        agent.stopped_by(libc_signal(Signal::SIGTERM)).await,
+        Some(WaitStatus::Exited(unshare, 0))
+    );
+}

@@ -233,6 +233,8 @@ fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
 
 /// The command podprobe's injection runs a wrapped container's command with.
 const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
+/// The pod annotation by which a pod opts out of the exec agent (podprobe-manager's).
+const EXEC_AGENT_OPT_OUT: &str = "podprobe.io/exec-agent";
 
 /// Per container that exec probes target: where their command runs, and what it costs. Never
 /// a broken link: every path runs the probes. None without podprobe's sidecar: podprobe runs
@@ -258,6 +260,7 @@ fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
     let Some(spec) = pod.spec.as_ref() else {
         return vec![];
     };
+    let opted_out = inspect::annotation(pod, EXEC_AGENT_OPT_OUT) == Some("disabled");
     targets
         .into_iter()
         .filter_map(|name| {
@@ -267,6 +270,8 @@ fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
                 && command.get(1).map(String::as_str) == Some("agent")
             {
                 format!("exec probes on container {name} run inside it through podprobe's exec agent, its main process (no apiserver request per attempt)")
+            } else if opted_out {
+                format!("exec probes on container {name} go through pods/exec (an apiserver request per attempt): the pod opts out of podprobe's exec agent ({EXEC_AGENT_OPT_OUT}: disabled)")
             } else if spec.share_process_namespace == Some(true) {
                 format!("exec probes on container {name} run from the sidecar in the container's root (procfs) when the sidecar may (root, the runtime's capabilities), else through pods/exec (an apiserver request and a kubelet exec per attempt)")
             } else if on_virtual_node && command.is_empty() {
@@ -673,6 +678,16 @@ mod tests {
                 .finding
                 .contains("container plain go through pods/exec")
                 && links[1].finding.contains("gives no command"),
+            "{links:?}"
+        );
+        // Opted out, the plain container says so instead of asking for a command.
+        let annotations = f.pod.metadata.annotations.as_mut().unwrap();
+        annotations.insert(EXEC_AGENT_OPT_OUT.to_owned(), "disabled".to_owned());
+        let links = exec_links(&f, &settings);
+        assert!(
+            links[1]
+                .finding
+                .contains("opts out of podprobe's exec agent"),
             "{links:?}"
         );
         // Without podprobe's sidecar something else runs the probes: no exec line.

@@ -229,7 +229,7 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
                 .unwrap_or_default();
             let exec_containers = admission::exec_containers(&probes);
             let virtual_node = shape == inject::shape::Shape::VirtualNode;
-            let agent = inject::agent::plan(spec, config, &exec_containers, virtual_node);
+            let agent = inject::agent::plan(&pod, config, &exec_containers, virtual_node);
             exec_notes = agent.decisions.iter().map(|d| d.note()).collect();
             let executor = if standalone {
                 ""

@@ -259,7 +259,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
     // Ops on the pod's own containers by index: after the token's removals, before the
     // sidecar is appended.
     let agent = agent::plan(
-        spec,
+        pod,
         config,
         ctx.exec_probe_containers,
         shape == Shape::VirtualNode,
@@ -755,7 +755,7 @@ mod tests {
     }
 
     #[test]
-    fn no_agent_without_a_command_an_exec_probe_or_when_disabled() {
+    fn no_agent_without_a_command_an_exec_probe_or_when_disabled_or_opted_out() {
         let exec = vec!["main".to_string()];
         let none: Vec<String> = vec![];
         let ctx = |exec_probe_containers| InjectContext {
@@ -771,11 +771,18 @@ mod tests {
             name: "podprobe-agent".into(),
             ..Default::default()
         }]);
+        let mut opted_out = with.clone();
+        opted_out.metadata.annotations = Some(
+            [(agent::OPT_OUT_ANNOTATION.to_owned(), "disabled".to_owned())]
+                .into_iter()
+                .collect(),
+        );
         for (p, c, ctx) in [
             (&without, config(), ctx(&exec)),
             (&with, config(), ctx(&none)),
             (&with, disabled, ctx(&exec)),
             (&taken, config(), ctx(&exec)),
+            (&opted_out, config(), ctx(&exec)),
         ] {
             let spec = applied(p, &inject_ops(p, &c, &ctx)).spec.unwrap();
             let main = &spec.containers[0];
@@ -788,7 +795,7 @@ mod tests {
             let agents = volumes.filter(|v| v.name.starts_with(agent::AGENT_VOLUME));
             assert_eq!(agents.count(), theirs);
         }
-        let plan = agent::plan(without.spec.as_ref().unwrap(), &config(), &exec, false);
+        let plan = agent::plan(&without, &config(), &exec, false);
         assert!(
             matches!(&plan.decisions[..], [agent::Decision::Left { why, .. }] if why.contains("no command")),
             "{:?}",

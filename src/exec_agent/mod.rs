@@ -97,7 +97,7 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
                 "podprobe agent: {program} runs as pid {pid}; serving exec probes on {}",
                 socket.display()
             );
-            tokio::spawn(serving::serve(listener));
+            tokio::spawn(serving::serve(listener, init));
         }
         Err(e) => tracing::warn!(
             "podprobe agent: cannot serve exec probes on {}: {e}; {program} runs anyway, and exec probes on this container fail until it restarts",

@@ -9,6 +9,7 @@
 //! - An attempt's timeout is at most the protocol's 300 s, whatever the request says.
 //! - An attempt whose asker hangs up (the sidecar restarted or gave up) is stopped: its
 //!   command's process group is killed, as at a timeout.
+//! - A process of the agent's own container is refused ([`refused_peer`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,8 @@ const MAX_REQUEST_BYTES: u64 = 64 << 10;
 /// How long a connection may take to send its request.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
-pub(super) async fn serve(listener: UnixListener) {
+/// Serves until the process ends; `init`: the agent is its PID namespace's PID 1.
+pub(super) async fn serve(listener: UnixListener, init: bool) {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let attempts = Arc::new(Semaphore::new(MAX_ATTEMPTS));
     let mut refused = Refusals::default();
@@ -40,7 +42,7 @@ pub(super) async fn serve(listener: UnixListener) {
                 Ok(held) => {
                     let attempts = attempts.clone();
                     tokio::spawn(async move {
-                        answer(stream, &attempts).await;
+                        answer(stream, &attempts, init).await;
                         drop(held);
                     });
                 }
@@ -59,7 +61,12 @@ pub(super) async fn serve(listener: UnixListener) {
 }
 
 /// Runs one exec attempt with the same runner as the sidecar's `local` mode.
-async fn answer(mut stream: UnixStream, attempts: &Semaphore) {
+async fn answer(mut stream: UnixStream, attempts: &Semaphore, init: bool) {
+    if let Some(message) = refused_peer(&stream, init) {
+        tracing::warn!("podprobe agent: {message}");
+        let _ = write_line(&mut stream, &Response::Error { message }).await;
+        return;
+    }
     let read = read_line_within::<Request>(&mut stream, MAX_REQUEST_BYTES);
     let request = match tokio::time::timeout(REQUEST_DEADLINE, read).await {
         Ok(Ok(request)) => request,
@@ -90,6 +97,32 @@ async fn answer(mut stream: UnixStream, attempts: &Semaphore) {
     };
     // The sidecar may have given up meanwhile; nothing to do about a failed write.
     let _ = write_line(&mut stream, &Response::of(result)).await;
+}
+
+/// Why the asker may not run commands here, if it may not: a process of the agent's own
+/// container, which would otherwise run commands with the agent's user and capabilities (a
+/// server that dropped root regaining it). As its container's PID 1 the agent sees the pid of
+/// every process of its own PID namespace and none (0) of one in another container, such as
+/// the sidecar; of a process it sees, its cgroup says whether it is of this container (in a
+/// namespace the containers share, the sidecar's cgroup is its own). Not PID 1 (a pod that
+/// shares its process namespace, where `pause` is), the agent cannot tell and asks nothing.
+fn refused_peer(stream: &UnixStream, init: bool) -> Option<String> {
+    if !init {
+        return None;
+    }
+    let pid = match stream.peer_cred() {
+        Ok(cred) => cred.pid().filter(|pid| *pid > 0)?,
+        Err(e) => return Some(format!("the exec agent cannot tell who asks: {e}")),
+    };
+    let cgroup = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
+    let own = cgroup("self");
+    if own.is_some() && cgroup(&pid.to_string()) != own {
+        return None;
+    }
+    Some(format!(
+        "the exec agent refused pid {pid} of its own container: it runs commands for the \
+         podprobe sidecar only"
+    ))
 }
 
 /// The requested timeout, at most the protocol's.

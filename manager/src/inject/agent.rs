@@ -34,7 +34,7 @@
 //! The init container has the sidecar's security context (Pod Security "restricted").
 
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, EnvVar, PodSpec, Volume, VolumeMount,
+    Container, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, Volume, VolumeMount,
 };
 use serde_json::Value;
 
@@ -96,15 +96,28 @@ pub struct AgentParts {
     pub sidecar_env: EnvVar,
 }
 
-/// The agent's plan for `spec`, whose exec probes target `exec_containers`. `virtual_node`:
+/// The pod annotation by which a pod keeps its commands as they are (`disabled`), whatever
+/// `execAgent` says: a game server whose operator wants nothing but its own process as PID 1.
+pub const OPT_OUT_ANNOTATION: &str = "podprobe.io/exec-agent";
+
+/// The agent's plan for `pod`, whose exec probes target `exec_containers`. `virtual_node`:
 /// the pod may run on a virtual node.
 pub fn plan(
-    spec: &PodSpec,
+    pod: &Pod,
     config: &InjectionConfig,
     exec_containers: &[String],
     virtual_node: bool,
 ) -> AgentPlan {
     let mut plan = AgentPlan::default();
+    let Some(spec) = &pod.spec else {
+        return plan;
+    };
+    let opted_out = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(OPT_OUT_ANNOTATION))
+        .is_some_and(|v| v == "disabled");
     let mut targets: Vec<&str> = exec_containers.iter().map(String::as_str).collect();
     targets.sort_unstable();
     targets.dedup();
@@ -129,6 +142,9 @@ pub fn plan(
             (ExecAgentChoice::Disabled, _) => {
                 left("execAgent is disabled in the injection config".into())
             }
+            _ if opted_out => left(format!(
+                "the pod's annotation {OPT_OUT_ANNOTATION} is \"disabled\": its commands stay as they are"
+            )),
             (ExecAgentChoice::KubeletNodes, true) => left(
                 "the pod may run on a virtual node, and execAgent is kubeletNodes (for a provider that runs no init containers): its exec probes go through pods/exec".into(),
             ),

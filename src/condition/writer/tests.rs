@@ -146,19 +146,23 @@ async fn while_the_apiserver_cannot_answer_a_write_is_retried_every_few_seconds(
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_flush_sends_a_write_waiting_out_its_backoff_at_once_and_only_once() {
-    // Without the flush, the second attempt would come 15–30 s after the first: long after
-    // a stopping sidecar has exited.
-    let config = WriterConfig {
+/// A first backoff of 30 s: the second attempt comes 15–30 s after the first.
+fn slow_second_attempt() -> WriterConfig {
+    WriterConfig {
         retry: podprobe_ops::backoff::Policy {
             min: Duration::from_secs(30),
             unavailable_max: Duration::from_secs(60),
             ..podprobe_ops::backoff::Policy::STATUS_WRITE
         },
         ..WriterConfig::default()
-    };
-    let (writer, metrics) = start(config, ApiserverAnswered::default());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flush_sends_a_write_waiting_out_its_backoff_at_once_and_only_once() {
+    // Without the flush, the second attempt would come 15–30 s after the first: long after
+    // a stopping sidecar has exited.
+    let (writer, metrics) = start(slow_second_attempt(), ApiserverAnswered::default());
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(transport_errors(&metrics), 1, "the first attempt");
     assert!(
@@ -181,17 +185,8 @@ async fn a_flush_sends_a_write_waiting_out_its_backoff_at_once_and_only_once() {
 #[tokio::test(start_paused = true)]
 async fn an_answer_from_the_apiserver_releases_a_waiting_write_at_once() {
     let answered = ApiserverAnswered::default();
-    // A first backoff long enough that, without the release, the second attempt would
-    // come 15–30 s after the first.
-    let config = WriterConfig {
-        retry: podprobe_ops::backoff::Policy {
-            min: Duration::from_secs(30),
-            unavailable_max: Duration::from_secs(60),
-            ..podprobe_ops::backoff::Policy::STATUS_WRITE
-        },
-        ..WriterConfig::default()
-    };
-    let (_writer, metrics) = start(config, answered.clone());
+    // Without the release, the second attempt would come 15–30 s after the first.
+    let (_writer, metrics) = start(slow_second_attempt(), answered.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = transport_errors(&metrics);
     assert_eq!(before, 1, "the first attempt");
