@@ -3,9 +3,10 @@
 //! Every signal that is a message is forwarded, real-time ones included (an image's
 //! `STOPSIGNAL` or a pod's `lifecycle.stopSignal` may be one), as tini and dumb-init do. Not
 //! forwarded: SIGKILL and SIGSTOP (they cannot be caught), SIGCHLD (the reaper's), the signals
-//! the kernel raises for a fault of the agent's own (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP,
-//! SIGSYS), SIGPIPE (the Rust runtime ignores it, so that a closed socket is an error, not a
-//! signal), and the real-time numbers the C library keeps for itself.
+//! raised for a fault or an `abort` of the agent's own (SIGSEGV, SIGBUS, SIGILL, SIGFPE,
+//! SIGTRAP, SIGSYS, SIGABRT), the terminal's to a background reader or writer (SIGTTIN,
+//! SIGTTOU; tini keeps these too), SIGPIPE (the Rust runtime ignores it, so that a closed
+//! socket is an error, not a signal), and the real-time numbers the C library keeps for itself.
 //!
 //! As its container's PID 1 the agent forwards a signal only when the command, had it been
 //! PID 1 itself, would have received it. The kernel drops a signal sent to a namespace's init
@@ -23,7 +24,7 @@ use rustix::process::{Signal, kill_process};
 use rustix_libc_wrappers::process::SignalExt;
 
 /// Never forwarded, as the module says.
-const KEPT: [i32; 10] = [
+const KEPT: [i32; 13] = [
     libc::SIGKILL,
     libc::SIGSTOP,
     libc::SIGCHLD,
@@ -33,6 +34,9 @@ const KEPT: [i32; 10] = [
     libc::SIGFPE,
     libc::SIGTRAP,
     libc::SIGSYS,
+    libc::SIGABRT,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
     libc::SIGPIPE,
 ];
 
