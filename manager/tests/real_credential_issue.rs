@@ -224,6 +224,11 @@ async fn a_late_rolebinding_still_issues(running: &installed::Running) {
         .expect("the issued Secret");
     let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(Some(owner.uid.as_str()), released.metadata.uid.as_deref());
+    assert_eq!(
+        secret.immutable,
+        Some(true),
+        "the issued Secret can be changed"
+    );
     assert!(
         !warnings(running, "late")
             .await

@@ -363,6 +363,9 @@ async fn write_token(
             ..Default::default()
         },
         type_: Some("Opaque".into()),
+        // Never changed once written: nobody, the manager included, may swap the token a
+        // provider copies, and the kubelet need not watch it.
+        immutable: Some(true),
         data: Some(BTreeMap::from([
             ("token".into(), ByteString(token.into_bytes())),
             ("namespace".into(), ByteString(ns.as_bytes().to_vec())),
