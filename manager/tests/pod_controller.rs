@@ -295,14 +295,25 @@ async fn a_throttled_marker_patch_backs_off() {
     );
     cluster.set_healthy("gs-0", true).await;
     wait_marked(&cluster, "gs-0").await;
-    let patches: Vec<testkit::Entry> = cluster
-        .proxy
-        .journal()
-        .entries()
-        .into_iter()
-        .filter(|e| e.method == "PATCH" && e.path == path)
-        .skip_while(|e| e.status != 429)
-        .collect();
+    let patches = || -> Vec<testkit::Entry> {
+        cluster
+            .proxy
+            .journal()
+            .entries()
+            .into_iter()
+            .filter(|e| e.method == "PATCH" && e.path == path)
+            .skip_while(|e| e.status != 429)
+            .collect()
+    };
+    // The proxy journals a request when the apiserver's answer reaches it, which may be after
+    // the watch already showed the marker: wait for the accepted patch's entry.
+    let journaled = async {
+        while patches().len() < 5 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(10), journaled).await;
+    let patches = patches();
     assert!(
         patches.len() >= 5 && patches[..4].iter().all(|e| e.status == 429),
         "{patches:#?}"
