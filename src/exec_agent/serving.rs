@@ -35,14 +35,21 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 pub(super) async fn serve(listener: UnixListener, init: bool) {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let attempts = Arc::new(Semaphore::new(MAX_ATTEMPTS));
-    let mut refused = Refusals::default();
+    let (mut refused, mut strangers) = (Refusals::default(), Refusals::default());
     loop {
         match listener.accept().await {
+            Ok((mut stream, _)) if let Some(message) = refused_peer(&stream, init) => {
+                // Said once: a process that asks again and again must not fill the game's log.
+                strangers.say(format_args!("podprobe agent: {message}"));
+                tokio::spawn(async move {
+                    let _ = write_line(&mut stream, &Response::Error { message }).await;
+                });
+            }
             Ok((stream, _)) => match connections.clone().try_acquire_owned() {
                 Ok(held) => {
                     let attempts = attempts.clone();
                     tokio::spawn(async move {
-                        answer(stream, &attempts, init).await;
+                        answer(stream, &attempts).await;
                         drop(held);
                     });
                 }
@@ -61,12 +68,7 @@ pub(super) async fn serve(listener: UnixListener, init: bool) {
 }
 
 /// Runs one exec attempt with the same runner as the sidecar's `local` mode.
-async fn answer(mut stream: UnixStream, attempts: &Semaphore, init: bool) {
-    if let Some(message) = refused_peer(&stream, init) {
-        tracing::warn!("podprobe agent: {message}");
-        let _ = write_line(&mut stream, &Response::Error { message }).await;
-        return;
-    }
+async fn answer(mut stream: UnixStream, attempts: &Semaphore) {
     let read = read_line_within::<Request>(&mut stream, MAX_REQUEST_BYTES);
     let request = match tokio::time::timeout(REQUEST_DEADLINE, read).await {
         Ok(Ok(request)) => request,
