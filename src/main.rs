@@ -58,16 +58,22 @@ enum Command {
         output: Output,
     },
 
-    /// Run as the exec agent of an app container: the manager's injection makes this the
-    /// container's command, `podprobe agent --socket PATH -- <the container's command>`.
+    /// Run as the exec agent of an app container, which runs the sidecar's exec probes in that
+    /// container on request over a Unix socket: as the kubelet would, without an apiserver
+    /// request. The manager's injection sets it up one of two ways.
     ///
-    /// Starts COMMAND as its child with the container's own stdio, environment and working
-    /// directory; forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 and SIGWINCH to
-    /// it; reaps every orphan (it is the container's PID 1); and exits with COMMAND's exit code
-    /// (128 + the signal's number when a signal ended it). Meanwhile it runs the sidecar's exec
-    /// probes on request over the Unix socket: in this container, as the kubelet would, without
-    /// an apiserver request. If the socket cannot be served, COMMAND still runs (exec probes
-    /// then fail with the reason).
+    /// `podprobe agent --socket PATH -- COMMAND…` is the container's command when the pod spec
+    /// gives one: COMMAND runs as the agent's child with the container's own stdio, environment
+    /// and working directory; the signals the container receives reach COMMAND as they would
+    /// have as PID 1 (all but the ones a process sends itself); every orphan is reaped; the
+    /// container's exit code is COMMAND's (128 + the signal's number when a signal ended it).
+    /// If the socket cannot be served, COMMAND still runs (exec probes then fail with the
+    /// reason).
+    ///
+    /// `podprobe agent --socket PATH --detach` is the container's postStart hook when the
+    /// container runs its image's entrypoint: it starts the agent beside the container's own
+    /// process and returns once it serves, always with exit code 0 (a failing postStart hook
+    /// would kill the container); the agent logs to the container's log.
     Agent(AgentArgs),
 
     /// Copy this binary to DEST (mode 0755), for the exec agent: the injected init container
@@ -94,8 +100,21 @@ struct AgentArgs {
     #[arg(long, default_value = "/dev/termination-log", value_name = "PATH")]
     termination_log: PathBuf,
 
+    /// Start the agent beside the container's own process instead of running COMMAND under
+    /// it (for a container's postStart hook); returns once it serves (within 10 s), always 0.
+    #[arg(long, conflicts_with_all = ["command", "detached"])]
+    detach: bool,
+
+    /// The agent that `--detach` starts.
+    #[arg(long, hide = true, conflicts_with = "command")]
+    detached: bool,
+
     /// The container's own command and arguments.
-    #[arg(required = true, last = true, value_name = "COMMAND")]
+    #[arg(
+        required_unless_present_any = ["detach", "detached"],
+        last = true,
+        value_name = "COMMAND"
+    )]
     command: Vec<String>,
 }
 
@@ -379,6 +398,8 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     })
             }
+            Command::Agent(args) if args.detach => exec_agent::detach(&args.socket).await,
+            Command::Agent(args) if args.detached => exec_agent::serve_detached(&args.socket).await,
             Command::Agent(args) => {
                 exec_agent::run(&args.socket, &args.termination_log, &args.command).await
             }

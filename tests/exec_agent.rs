@@ -337,7 +337,8 @@ async fn sigterm_reaches_the_command_and_its_exit_code_is_the_containers() {
 /// for the namespace, as CI runs; fails without it.
 struct InitAgent {
     dir: tempfile::TempDir,
-    /// The agent, as the test's namespace numbers it.
+    /// The namespace's PID 1 (the agent, or the container's own process where the agent runs
+    /// beside it), as the test's namespace numbers it.
     pid: Pid,
     unshare: Pid,
     exit: ExitStatusFuture,
@@ -348,20 +349,41 @@ impl InitAgent {
     /// Starts the agent wrapping `command`, whose `{dir}` is replaced by a fresh directory,
     /// and returns once the command has created `{dir}/ready`.
     async fn start(command: &[&str]) -> InitAgent {
+        let agent = [
+            env!("CARGO_BIN_EXE_podprobe"),
+            "agent",
+            "--socket",
+            "{dir}/agent.sock",
+            "--",
+        ];
+        let argv: Vec<&str> = agent.iter().chain(command).copied().collect();
+        InitAgent::start_as_pid_1(&argv).await
+    }
+
+    /// Runs `argv` (its `{dir}` replaced, `{bin}` the podprobe binary) as PID 1 of a new PID
+    /// namespace, its stderr the namespace's log, and returns once it has created
+    /// `{dir}/ready`.
+    async fn start_as_pid_1(argv: &[&str]) -> InitAgent {
         let dir = tempfile::tempdir().unwrap();
-        let command: Vec<String> = command
+        let argv: Vec<String> = argv
             .iter()
-            .map(|arg| arg.replace("{dir}", &dir.path().display().to_string()))
+            .map(|arg| {
+                arg.replace("{dir}", &dir.path().display().to_string())
+                    .replace("{bin}", env!("CARGO_BIN_EXE_podprobe"))
+            })
             .collect();
         let mut unshare = Command::new("unshare");
         unshare
             .args(["--pid", "--fork", "--mount-proc", "--kill-child", "--"])
-            .arg(env!("CARGO_BIN_EXE_podprobe"))
-            .args(["agent", "--socket"])
-            .arg(dir.path().join("agent.sock"))
-            .arg("--")
-            .args(&command)
-            .stderr(std::fs::File::create(dir.path().join("agent.log")).unwrap())
+            .args(&argv)
+            // Appended to, as a container's log pipe is: every writer's lines are kept.
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.path().join("agent.log"))
+                    .unwrap(),
+            )
             // The log line the tests read is at info, the agent's default level, whatever the
             // caller's.
             .env_remove("RUST_LOG")
@@ -374,10 +396,7 @@ impl InitAgent {
         let children =
             std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
                 .unwrap();
-        let agent: i32 = children
-            .trim()
-            .parse()
-            .expect("unshare's one child, the agent");
+        let agent: i32 = children.trim().parse().expect("unshare's one child");
         let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
         let nspid = status
             .lines()
@@ -386,7 +405,7 @@ impl InitAgent {
         assert_eq!(
             nspid.split_whitespace().last(),
             Some("1"),
-            "the agent is not PID 1: {nspid}"
+            "not PID 1: {nspid}"
         );
         InitAgent {
             dir,
@@ -862,5 +881,85 @@ async fn as_pid_1_the_agent_refuses_a_process_of_its_own_container() {
     assert_eq!(
         agent.stopped_by(libc_signal(Signal::SIGTERM)).await,
         Some(WaitStatus::Exited(unshare, 0))
+    );
+}
+
+/// A container that runs its image's entrypoint (here a python "game server", its PID 1) gets
+/// the agent from its postStart hook, `podprobe agent --detach`: the hook returns 0 once the
+/// agent serves (the game connects at once after it, without waiting for the socket); the
+/// game stays PID 1, with its own signals and exit code; the agent logs to the container's
+/// log; a process of the container is refused, the sidecar's place (another PID namespace)
+/// is answered.
+#[tokio::test]
+async fn beside_the_containers_own_process_the_hook_returns_once_the_agent_serves() {
+    let game = "import json, pathlib, signal, socket, subprocess\n\
+                d = pathlib.Path('{dir}')\n\
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n\
+                hook = subprocess.run(['{bin}', 'agent', '--socket', str(d / 'agent.sock'), '--detach'])\n\
+                (d / 'hook').write_text(str(hook.returncode))\n\
+                s = socket.socket(socket.AF_UNIX)\n\
+                s.connect(str(d / 'agent.sock'))\n\
+                s.sendall(json.dumps({'command': ['id', '-u'], 'timeoutMillis': 5000}).encode() + b'\\n')\n\
+                (d / 'answer').write_bytes(s.makefile('rb').readline())\n\
+                (d / 'ready').touch()\n\
+                signal.sigwait({signal.SIGTERM})\n\
+                raise SystemExit(3)\n";
+    let game = InitAgent::start_as_pid_1(&["python3", "-c", game]).await;
+    let read = |name: &str| std::fs::read_to_string(game.dir.path().join(name)).unwrap();
+    assert_eq!(read("hook"), "0");
+    let answer = read("answer");
+    assert!(
+        answer.contains("refused pid") && answer.contains("own container"),
+        "{answer}"
+    );
+    game.until_logged("beside the container's own process")
+        .await;
+
+    // The sidecar's place: answered, and the command runs in the container, whose PID 1 is
+    // the game's own process.
+    let mut stream = tokio::net::UnixStream::connect(game.dir.path().join("agent.sock"))
+        .await
+        .unwrap();
+    let request = Request {
+        command: cmd(&["cat", "/proc/1/comm"]).command,
+        timeout_millis: 5_000,
+    };
+    write_line(&mut stream, &request).await.unwrap();
+    let answer: Response = read_line(&mut stream).await.unwrap();
+    assert_eq!(
+        answer,
+        Response::Observed {
+            outcome: Outcome::Succeeded,
+            message: "python3\n".into()
+        }
+    );
+    // SIGTERM to PID 1 is the game's alone: its exit code is the container's.
+    let unshare = game.unshare;
+    assert_eq!(
+        game.stopped_by(libc_signal(Signal::SIGTERM)).await,
+        Some(WaitStatus::Exited(unshare, 3))
+    );
+}
+
+/// An agent that cannot serve (its socket's directory is missing) must not fail the hook: the
+/// kubelet kills a container whose postStart hook fails. The hook returns 0, and why is in the
+/// container's log.
+#[tokio::test]
+async fn a_hook_whose_agent_cannot_serve_still_returns_0_and_the_log_says_why() {
+    let game = "import pathlib, signal, subprocess\n\
+                d = pathlib.Path('{dir}')\n\
+                hook = subprocess.run(['{bin}', 'agent', '--socket', str(d / 'missing' / 'agent.sock'), '--detach'])\n\
+                (d / 'hook').write_text(str(hook.returncode))\n\
+                (d / 'ready').touch()\n\
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n\
+                signal.sigwait({signal.SIGTERM})\n";
+    let game = InitAgent::start_as_pid_1(&["python3", "-c", game]).await;
+    let hook = std::fs::read_to_string(game.dir.path().join("hook")).unwrap();
+    assert_eq!(hook, "0");
+    game.until_logged("cannot serve exec probes on").await;
+    assert!(
+        game.log().contains("No such file or directory"),
+        "{}",
+        game.log()
     );
 }

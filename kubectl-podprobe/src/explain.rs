@@ -231,8 +231,15 @@ fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
     }
 }
 
-/// The command podprobe's injection runs a wrapped container's command with.
+/// The command podprobe's injection runs a wrapped container's command with, or starts the
+/// agent beside a container's entrypoint with (its postStart hook).
 const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
+
+/// Whether `command` is podprobe's exec agent.
+fn runs_agent(command: &[String]) -> bool {
+    command.first().map(String::as_str) == Some(AGENT_BINARY)
+        && command.get(1).map(String::as_str) == Some("agent")
+}
 /// The pod annotation by which a pod opts out of the exec agent (podprobe-manager's).
 const EXEC_AGENT_OPT_OUT: &str = "podprobe.io/exec-agent";
 
@@ -266,10 +273,12 @@ fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
         .filter_map(|name| {
             let container = spec.containers.iter().find(|c| c.name == name)?;
             let command = container.command.as_deref().unwrap_or_default();
-            let finding = if command.first().map(String::as_str) == Some(AGENT_BINARY)
-                && command.get(1).map(String::as_str) == Some("agent")
-            {
+            let post_start = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref());
+            let hook = post_start.and_then(|h| h.exec.as_ref()).and_then(|e| e.command.as_deref());
+            let finding = if runs_agent(command) && !command.contains(&"--detach".to_owned()) {
                 format!("exec probes on container {name} run inside it through podprobe's exec agent, its main process (no apiserver request per attempt)")
+            } else if hook.is_some_and(runs_agent) {
+                format!("exec probes on container {name} run inside it through podprobe's exec agent, started beside its image's entrypoint by its postStart hook (no apiserver request per attempt)")
             } else if opted_out {
                 format!("exec probes on container {name} go through pods/exec (an apiserver request per attempt): the pod opts out of podprobe's exec agent ({EXEC_AGENT_OPT_OUT}: disabled)")
             } else if spec.share_process_namespace == Some(true) {
@@ -278,8 +287,8 @@ fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
                 format!("exec probes on container {name} go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod")
             } else if on_virtual_node {
                 format!("exec probes on container {name} go through pods/exec, the provider's exec (an apiserver request per attempt; azure-aci's reports no exit status, so they read success whatever the command does): the pod was not injected with the exec agent (execAgent kubeletNodes or disabled, or created before podprobe-manager); recreate it to get the agent")
-            } else if command.is_empty() {
-                format!("exec probes on container {name} go through pods/exec (an apiserver request and a kubelet exec per attempt): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod")
+            } else if command.is_empty() && post_start.is_some() {
+                format!("exec probes on container {name} go through pods/exec (an apiserver request and a kubelet exec per attempt): the container gives no command and has a postStart hook of its own, so injection could neither run it under podprobe's exec agent nor start the agent beside it; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod")
             } else {
                 format!("exec probes on container {name} go through pods/exec (an apiserver request and a kubelet exec per attempt): the pod was not injected with the exec agent (execAgent disabled, or created before podprobe-manager); recreate it to get the agent")
             };
@@ -652,6 +661,8 @@ mod tests {
     fn exec_says_where_each_containers_probes_run() {
         let probes = r#"[{"name":"idle","containerName":"agent","podConditionType":"a/idle","probe":{"exec":{"command":["/idle.sh"]}}},
             {"name":"up","containerName":"plain","podConditionType":"a/up","probe":{"exec":{"command":["true"]}}},
+            {"name":"near","containerName":"beside","podConditionType":"a/near","probe":{"exec":{"command":["true"]}}},
+            {"name":"old","containerName":"late","podConditionType":"a/old","probe":{"exec":{"command":["true"]}}},
             {"name":"tcp","containerName":"tcp","podConditionType":"a/tcp","probe":{"tcpSocket":{"port":1}}}]"#;
         let mut f = facts(Vec::new());
         f.pod.metadata.annotations =
@@ -659,13 +670,15 @@ mod tests {
         f.pod.spec = Some(
             serde_json::from_value(json!({"containers": [
                 {"name": "agent", "command": [AGENT_BINARY, "agent", "--socket", "/podprobe-agent/agent.sock", "--", "/srv"]},
-                {"name": "plain"}, {"name": "tcp"}, {"name": "podprobe"}]}))
+                {"name": "plain", "lifecycle": {"postStart": {"exec": {"command": ["/warm-up"]}}}},
+                {"name": "beside", "lifecycle": {"postStart": {"exec": {"command": [AGENT_BINARY, "agent", "--socket", "/podprobe-agent-socket/agent.sock", "--detach"]}}}},
+                {"name": "late"}, {"name": "tcp"}, {"name": "podprobe"}]}))
             .unwrap(),
         );
         let settings = settings("2026-11-25T13:00:00Z");
         assert_eq!(settings.sidecar_container, "podprobe");
         let links = exec_links(&f, &settings);
-        assert_eq!(links.len(), 2, "{links:?}");
+        assert_eq!(links.len(), 4, "{links:?}");
         assert!(links.iter().all(|l| l.ok && l.name == "exec"));
         assert!(
             links[0]
@@ -674,10 +687,25 @@ mod tests {
             "{links:?}"
         );
         assert!(
-            links[1]
+            links[1].finding.contains(
+                "container beside run inside it through podprobe's exec agent, started beside"
+            ),
+            "{links:?}"
+        );
+        assert!(
+            links[2]
+                .finding
+                .contains("container late go through pods/exec")
+                && links[2]
+                    .finding
+                    .contains("not injected with the exec agent"),
+            "{links:?}"
+        );
+        assert!(
+            links[3]
                 .finding
                 .contains("container plain go through pods/exec")
-                && links[1].finding.contains("gives no command"),
+                && links[3].finding.contains("postStart hook of its own"),
             "{links:?}"
         );
         // Opted out, the plain container says so instead of asking for a command.
@@ -685,7 +713,7 @@ mod tests {
         annotations.insert(EXEC_AGENT_OPT_OUT.to_owned(), "disabled".to_owned());
         let links = exec_links(&f, &settings);
         assert!(
-            links[1]
+            links[3]
                 .finding
                 .contains("opts out of podprobe's exec agent"),
             "{links:?}"

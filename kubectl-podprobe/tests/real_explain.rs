@@ -557,7 +557,7 @@ Events:
   ok   probes         every probe is valid
   ok   sidecar        container podprobe is ready
   FAIL node           node node-1 is not labelled type=virtual-kubelet: the managers write markers only for pods of serverless nodes (kruise-daemon probes pods of other nodes)   <- first broken link
-  ok   exec           exec probes on container main go through pods/exec (an apiserver request and a kubelet exec per attempt): the container gives no command, so injection could not run it under podprobe's exec agent; give it its command (the image's ENTRYPOINT and CMD) and recreate the pod
+  ok   exec           exec probes on container main go through pods/exec (an apiserver request and a kubelet exec per attempt): the pod was not injected with the exec agent (execAgent disabled, or created before podprobe-manager); recreate it to get the agent
   ok   condition      condition game.io/game is True (\"idle\"): probe idle succeeds
   FAIL markers        the Succeeded policy's label idle=true is not on the pod: is the manager (kruise-manager or podprobe-manager) running?
 First broken link: node: node node-1 is not labelled type=virtual-kubelet: the managers write markers only for pods of serverless nodes (kruise-daemon probes pods of other nodes)

@@ -371,7 +371,9 @@ status:
         let out = run(&parse(&args)).unwrap();
         let pod: Pod = serde_saphyr::from_str(&out.stdout).unwrap();
         let spec = pod.spec.unwrap();
-        assert_eq!(spec.init_containers.unwrap()[0].name, "podprobe");
+        let inits = spec.init_containers.unwrap();
+        let names: Vec<_> = inits.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["podprobe-agent-install", "podprobe"]);
         assert_eq!(
             spec.readiness_gates.unwrap()[0].condition_type,
             "game.kruise.io/healthy"
@@ -382,9 +384,9 @@ status:
             "{:?}",
             out.notes
         );
-        // The test pod's container has no command: its exec probe cannot use the agent.
+        // The test pod's container has no command: the agent starts beside its entrypoint.
         assert!(
-            out.notes[1].contains("\"main\"") && out.notes[1].contains("no command"),
+            out.notes[1].contains("\"main\"") && out.notes[1].contains("postStart hook"),
             "{:?}",
             out.notes
         );

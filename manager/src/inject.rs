@@ -349,7 +349,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
 mod tests {
     use super::*;
     use crate::config::NativeSidecar;
-    use k8s_openapi::api::core::v1::PodSpec;
+    use k8s_openapi::api::core::v1::{ExecAction, Lifecycle, LifecycleHandler, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -755,7 +755,7 @@ mod tests {
     }
 
     #[test]
-    fn no_agent_without_a_command_an_exec_probe_or_when_disabled_or_opted_out() {
+    fn no_agent_without_an_exec_probe_or_when_disabled_or_opted_out() {
         let exec = vec!["main".to_string()];
         let none: Vec<String> = vec![];
         let ctx = |exec_probe_containers| InjectContext {
@@ -778,7 +778,7 @@ mod tests {
                 .collect(),
         );
         for (p, c, ctx) in [
-            (&without, config(), ctx(&exec)),
+            (&without, disabled.clone(), ctx(&exec)),
             (&with, config(), ctx(&none)),
             (&with, disabled, ctx(&exec)),
             (&taken, config(), ctx(&exec)),
@@ -795,12 +795,97 @@ mod tests {
             let agents = volumes.filter(|v| v.name.starts_with(agent::AGENT_VOLUME));
             assert_eq!(agents.count(), theirs);
         }
-        let plan = agent::plan(&without, &config(), &exec, false);
-        assert!(
-            matches!(&plan.decisions[..], [agent::Decision::Left { why, .. }] if why.contains("no command")),
-            "{:?}",
-            plan.decisions
+    }
+
+    /// A container that runs its image's entrypoint: its postStart hook starts the agent beside
+    /// it, on kubelet nodes; not on a virtual node, nor beside a postStart hook of its own.
+    #[test]
+    fn without_a_command_the_agent_starts_beside_the_entrypoint_on_kubelet_nodes_only() {
+        let exec = vec!["main".to_string()];
+        let ctx = InjectContext {
+            exec_probe_containers: &exec,
+            ..Default::default()
+        };
+        let without = with_command(pod(ENABLED), None);
+        let beside = [
+            agent::AGENT_BINARY,
+            "agent",
+            "--socket",
+            "/podprobe-agent-socket/agent.sock",
+            "--detach",
+        ];
+        let hook_of = |c: &Container| {
+            let hook = c.lifecycle.as_ref()?.post_start.as_ref()?;
+            hook.exec.as_ref()?.command.clone()
+        };
+        let spec = applied(&without, &inject_ops(&without, &config(), &ctx));
+        let main = &spec.spec.as_ref().unwrap().containers[0];
+        assert_eq!(main.command, None);
+        assert_eq!(
+            hook_of(main).as_deref(),
+            Some(&beside.map(String::from)[..])
         );
+        let mounts: Vec<_> = main
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| &m.mount_path)
+            .collect();
+        assert_eq!(mounts, [agent::AGENT_DIR, agent::SOCKET_DIR]);
+        let sidecar = find(&spec.spec.as_ref().unwrap().containers, "podprobe");
+        assert!(env_of(sidecar).contains(&(agent::AGENTS_ENV, "main")));
+        // Admitted again (a webhook reinvocation): nothing more.
+        assert!(agent::plan(&spec, &config(), &exec, false).ops.is_empty());
+
+        // A preStop hook stays; the postStart hook is added beside it.
+        let mut stopping = without.clone();
+        stopping.spec.as_mut().unwrap().containers[0].lifecycle = Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec!["/drain".into()]),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let spec = applied(&stopping, &inject_ops(&stopping, &config(), &ctx))
+            .spec
+            .unwrap();
+        let lifecycle = spec.containers[0].lifecycle.as_ref().unwrap();
+        assert!(lifecycle.pre_stop.is_some());
+        assert_eq!(
+            hook_of(&spec.containers[0]).as_deref(),
+            Some(&beside.map(String::from)[..])
+        );
+
+        // Its own postStart hook, or a virtual node: left, and why.
+        let mut own_hook = stopping.clone();
+        let lifecycle = own_hook.spec.as_mut().unwrap().containers[0]
+            .lifecycle
+            .as_mut()
+            .unwrap();
+        lifecycle.post_start = lifecycle.pre_stop.take();
+        let mut on_virtual = without.clone();
+        on_virtual.spec.as_mut().unwrap().node_selector =
+            Some(labels(&[("type", "virtual-kubelet")]));
+        for (p, why) in [
+            (&own_hook, "postStart hook of its own"),
+            (&on_virtual, "virtual node"),
+        ] {
+            let spec = applied(p, &inject_ops(p, &config(), &ctx)).spec.unwrap();
+            assert_eq!(
+                spec.containers[0].lifecycle,
+                p.spec.as_ref().unwrap().containers[0].lifecycle
+            );
+            assert!(spec.containers[0].volume_mounts.is_none());
+            let virtual_node = std::ptr::eq(p, &on_virtual);
+            let plan = agent::plan(p, &config(), &exec, virtual_node);
+            assert!(
+                matches!(&plan.decisions[..], [agent::Decision::Left { why: w, .. }] if w.contains(why)),
+                "{:?}",
+                plan.decisions
+            );
+        }
     }
 
     #[test]

@@ -17,6 +17,9 @@
 //! blocked, or awaited in `sigwait` as tini and dumb-init do); elsewhere (a pod sharing its
 //! process namespace, where `pause` is PID 1) it forwards every one.
 //!
+//! A container that runs its image's entrypoint (no `command` to wrap) gets the agent beside
+//! its own process instead, started by its `postStart` hook ([`beside`]).
+//!
 //! Whoever can reach the socket can run commands as this container's user; the manager gives
 //! each wrapped container a socket volume of its own, mounted there and in the sidecar only.
 
@@ -32,8 +35,11 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::probe::reaper;
 
+mod beside;
 mod serving;
 mod signals;
+
+pub use beside::{detach, serve as serve_detached};
 
 /// Runs `command` as the container's main process and serves exec probes on `socket` until
 /// it exits; returns its exit code.

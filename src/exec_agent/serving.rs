@@ -31,14 +31,15 @@ const MAX_REQUEST_BYTES: u64 = 64 << 10;
 /// How long a connection may take to send its request.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Serves until the process ends; `init`: the agent is its PID namespace's PID 1.
-pub(super) async fn serve(listener: UnixListener, init: bool) {
+/// Serves until the process ends; `guarded`: the processes of the agent's own container can be
+/// told from others ([`refused_peer`]).
+pub(super) async fn serve(listener: UnixListener, guarded: bool) {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let attempts = Arc::new(Semaphore::new(MAX_ATTEMPTS));
     let (mut refused, mut strangers) = (Refusals::default(), Refusals::default());
     loop {
         match listener.accept().await {
-            Ok((mut stream, _)) if let Some(message) = refused_peer(&stream, init) => {
+            Ok((mut stream, _)) if let Some(message) = refused_peer(&stream, guarded) => {
                 // Said once: a process that asks again and again must not fill the game's log.
                 strangers.say(format_args!("podprobe agent: {message}"));
                 tokio::spawn(async move {
@@ -103,13 +104,14 @@ async fn answer(mut stream: UnixStream, attempts: &Semaphore) {
 
 /// Why the asker may not run commands here, if it may not: a process of the agent's own
 /// container, which would otherwise run commands with the agent's user and capabilities (a
-/// server that dropped root regaining it). As its container's PID 1 the agent sees the pid of
-/// every process of its own PID namespace and none (0) of one in another container, such as
-/// the sidecar; of a process it sees, its cgroup says whether it is of this container (in a
-/// namespace the containers share, the sidecar's cgroup is its own). Not PID 1 (a pod that
-/// shares its process namespace, where `pause` is), the agent cannot tell and asks nothing.
-fn refused_peer(stream: &UnixStream, init: bool) -> Option<String> {
-    if !init {
+/// server that dropped root regaining it). As its container's PID 1, or beside the container's
+/// own process, the agent sees the pid of every process of its own container and none (0) of
+/// one in a PID namespace it does not share, such as the sidecar's; of a process it sees, its
+/// cgroup says whether it is of this container (in a namespace the containers share, the
+/// sidecar's cgroup is its own). Wrapping a command but not PID 1 (a pod that shares its
+/// process namespace, where `pause` is), the agent asks nothing (`guarded` false).
+fn refused_peer(stream: &UnixStream, guarded: bool) -> Option<String> {
+    if !guarded {
         return None;
     }
     let pid = match stream.peer_cred() {

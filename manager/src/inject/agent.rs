@@ -12,15 +12,20 @@
 //!   socket, mounted read-write in that container at [`SOCKET_DIR`] and read-only in the
 //!   sidecar at `/podprobe-agent/<container>`: no container reaches another one's agent, and
 //!   none can change the binary another runs;
-//! - each wrapped container's `command` becomes
+//! - each container with a command has it wrapped: its `command` becomes
 //!   `[/podprobe-agent/podprobe, agent, --socket, /podprobe-agent-socket/agent.sock, --,
 //!   <command>...]` (with `--termination-log <path>` before `--` for a container that sets
 //!   its own `terminationMessagePath`); its `args` are appended after it by the runtime;
 //! - the sidecar gets `PODPROBE_EXEC_AGENTS=<names>`.
 //!
 //! A container without a `command` in the pod spec runs its image's entrypoint, which admission
-//! cannot see without reading the image's config from its registry: it is not wrapped, and its
-//! exec probes keep the sidecar's other modes (`render` and `kubectl podprobe explain` say so).
+//! cannot see without reading the image's config from its registry: there is nothing to wrap.
+//! Its `postStart` hook starts the agent beside that entrypoint instead (`podprobe agent
+//! --socket … --detach`, as openkruise/agents starts its in-container daemon), with the same
+//! volumes and mounts: the container's PID 1 stays its own. Not where the pod may run on a
+//! virtual node (azure-aci refuses a container with a lifecycle hook; providers run none), nor
+//! in a container with a `postStart` hook of its own: those keep the sidecar's other exec
+//! modes, and `render` and `kubectl podprobe explain` say so.
 //!
 //! On a virtual node the pod starts only if its provider runs init containers and shares
 //! `emptyDir` volumes between containers: azure-aci's code does (its init containers must have
@@ -36,7 +41,7 @@
 use k8s_openapi::api::core::v1::{
     Container, EmptyDirVolumeSource, EnvVar, Pod, PodSpec, Volume, VolumeMount,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::config::{DEFAULT_COMMAND, ExecAgentChoice, InjectionConfig};
 use crate::patch::PatchOp;
@@ -51,6 +56,8 @@ pub const SOCKET_DIR: &str = "/podprobe-agent-socket";
 pub const INSTALL_CONTAINER: &str = "podprobe-agent-install";
 /// The agent binary on the volume.
 pub const AGENT_BINARY: &str = "/podprobe-agent/podprobe";
+/// Where the agent in a container serves (in its [`SOCKET_DIR`]).
+const AGENT_SOCKET: &str = "/podprobe-agent-socket/agent.sock";
 /// The sidecar's list of containers with an agent.
 pub const AGENTS_ENV: &str = "PODPROBE_EXEC_AGENTS";
 
@@ -59,6 +66,8 @@ pub const AGENTS_ENV: &str = "PODPROBE_EXEC_AGENTS";
 pub enum Decision {
     /// Its command runs under the agent.
     Wrapped { container: String },
+    /// It runs its image's entrypoint; its `postStart` hook starts the agent beside it.
+    Beside { container: String },
     /// Not wrapped, and why; its exec probes use the sidecar's other modes.
     Left { container: String, why: String },
 }
@@ -69,6 +78,9 @@ impl Decision {
         match self {
             Decision::Wrapped { container } => format!(
                 "exec probes on container {container:?} run through podprobe's exec agent in it (its command is wrapped by {AGENT_BINARY}; no apiserver request per attempt)"
+            ),
+            Decision::Beside { container } => format!(
+                "exec probes on container {container:?} run through podprobe's exec agent in it, started beside its image's entrypoint by its postStart hook ({AGENT_BINARY} agent --detach; no apiserver request per attempt)"
             ),
             Decision::Left { container, why } => format!(
                 "exec probes on container {container:?} go through the sidecar's other exec modes (pods/exec as installed): {why}"
@@ -139,6 +151,7 @@ pub fn plan(
         let command = container.command.as_deref().unwrap_or_default();
         let decision = match (config.exec_agent, virtual_node) {
             _ if command.first().map(String::as_str) == Some(AGENT_BINARY) => continue,
+            _ if starts_agent_beside(container) => continue,
             (ExecAgentChoice::Disabled, _) => {
                 left("execAgent is disabled in the injection config".into())
             }
@@ -148,8 +161,11 @@ pub fn plan(
             (ExecAgentChoice::KubeletNodes, true) => left(
                 "the pod may run on a virtual node, and execAgent is kubeletNodes (for a provider that runs no init containers): its exec probes go through pods/exec".into(),
             ),
-            _ if command.is_empty() => left(
-                "the container has no command in the pod spec, so it runs its image's entrypoint, which admission cannot see; give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
+            (_, true) if command.is_empty() => left(
+                "the container has no command in the pod spec, so the agent would start beside its image's entrypoint from a postStart hook, and the pod may run on a virtual node, whose providers run no such hook (azure-aci refuses the pod); give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
+            ),
+            _ if command.is_empty() && has_post_start(container) => left(
+                "the container has no command in the pod spec and has a postStart hook of its own, beside which the agent cannot start; give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
             ),
             _ if let Some(volume) = &taken => {
                 left(format!("the pod already has a volume named {volume:?}"))
@@ -158,6 +174,13 @@ pub fn plan(
                 left(format!(
                     "the container already mounts something at {AGENT_DIR} or {SOCKET_DIR}"
                 ))
+            }
+            _ if command.is_empty() => {
+                start_beside(&mut plan.ops, index, container);
+                wrapped.push((index, name.to_owned()));
+                Decision::Beside {
+                    container: name.to_owned(),
+                }
             }
             _ => {
                 wrap(&mut plan.ops, index, command, container);
@@ -209,8 +232,7 @@ const DEFAULT_TERMINATION_LOG: &str = "/dev/termination-log";
 
 /// The ops wrapping container `index` whose command is `command`.
 fn wrap(ops: &mut Vec<PatchOp>, index: usize, command: &[String], c: &Container) {
-    let socket = format!("{SOCKET_DIR}/agent.sock");
-    let mut wrapped: Vec<String> = [AGENT_BINARY, "agent", "--socket", &socket]
+    let mut wrapped: Vec<String> = [AGENT_BINARY, "agent", "--socket", AGENT_SOCKET]
         .map(String::from)
         .to_vec();
     // Where the agent explains a command that cannot start; the kubelet's default when unset.
@@ -228,6 +250,47 @@ fn wrap(ops: &mut Vec<PatchOp>, index: usize, command: &[String], c: &Container)
         path: format!("{base}/command"),
         value: serde_json::to_value(wrapped).unwrap_or(Value::Null),
     });
+    mount_agent(ops, index, c);
+}
+
+/// The ops starting the agent beside container `index`'s own process: its `postStart` hook.
+fn start_beside(ops: &mut Vec<PatchOp>, index: usize, c: &Container) {
+    let base = format!("/spec/containers/{index}");
+    let hook = json!({"exec": {"command": beside_command()}});
+    ops.push(match &c.lifecycle {
+        Some(_) => PatchOp::Add {
+            path: format!("{base}/lifecycle/postStart"),
+            value: hook,
+        },
+        None => PatchOp::Add {
+            path: format!("{base}/lifecycle"),
+            value: json!({ "postStart": hook }),
+        },
+    });
+    mount_agent(ops, index, c);
+}
+
+/// The `postStart` command that starts the agent beside a container's own process.
+fn beside_command() -> [String; 5] {
+    [AGENT_BINARY, "agent", "--socket", AGENT_SOCKET, "--detach"].map(String::from)
+}
+
+/// Whether `c` starts the agent beside its process already (a pod admitted twice).
+fn starts_agent_beside(c: &Container) -> bool {
+    let hook = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref());
+    let command = hook
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.as_ref());
+    command.is_some_and(|c| c[..] == beside_command())
+}
+
+fn has_post_start(c: &Container) -> bool {
+    c.lifecycle.as_ref().is_some_and(|l| l.post_start.is_some())
+}
+
+/// The ops mounting the agent's binary and container `index`'s socket directory in it.
+fn mount_agent(ops: &mut Vec<PatchOp>, index: usize, c: &Container) {
+    let base = format!("/spec/containers/{index}");
     let mounts = [
         mount(AGENT_VOLUME, AGENT_DIR, true),
         mount(&socket_volume(index), SOCKET_DIR, false),
