@@ -67,7 +67,8 @@ enum Command {
     /// and working directory; the signals the container receives reach COMMAND as they would
     /// have as PID 1 (all but the ones a process sends itself); every orphan is reaped; the
     /// container's exit code is COMMAND's (128 + the signal's number when a signal ended it).
-    /// If the socket cannot be served, COMMAND still runs (exec probes then fail with the
+    /// Probes are served by a child process of the agent's, started again when it ends, so a
+    /// fault in serving never stops COMMAND. If the socket cannot be served, COMMAND still runs (exec probes then fail with the
     /// reason).
     ///
     /// `podprobe agent --socket PATH --detach` is the container's postStart hook when the
@@ -102,16 +103,21 @@ struct AgentArgs {
 
     /// Start the agent beside the container's own process instead of running COMMAND under
     /// it (for a container's postStart hook); returns once it serves (within 10 s), always 0.
-    #[arg(long, conflicts_with_all = ["command", "detached"])]
+    #[arg(long, conflicts_with_all = ["command", "serve_for"])]
     detach: bool,
 
-    /// The agent that `--detach` starts.
-    #[arg(long, hide = true, conflicts_with = "command")]
-    detached: bool,
+    /// Serve exec probes only: the probe server that the agent runs as its child, or that
+    /// `--detach` leaves running.
+    #[arg(long, hide = true, value_enum, conflicts_with = "command")]
+    serve_for: Option<exec_agent::ServeFor>,
+
+    /// The agent that started this probe server.
+    #[arg(long, hide = true, requires = "serve_for")]
+    parent_pid: Option<u32>,
 
     /// The container's own command and arguments.
     #[arg(
-        required_unless_present_any = ["detach", "detached"],
+        required_unless_present_any = ["detach", "serve_for"],
         last = true,
         value_name = "COMMAND"
     )]
@@ -399,7 +405,12 @@ fn main() -> ExitCode {
                     })
             }
             Command::Agent(args) if args.detach => exec_agent::detach(&args.socket).await,
-            Command::Agent(args) if args.detached => exec_agent::serve_detached(&args.socket).await,
+            Command::Agent(AgentArgs {
+                socket,
+                serve_for: Some(role),
+                parent_pid,
+                ..
+            }) => exec_agent::serve(&socket, role, parent_pid).await,
             Command::Agent(args) => {
                 exec_agent::run(&args.socket, &args.termination_log, &args.command).await
             }

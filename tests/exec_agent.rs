@@ -308,9 +308,14 @@ async fn auto_uses_the_agent_for_its_containers_only_and_never_falls_back_from_i
     assert_eq!(auto.exec_mode_for(&game), ExecMode::Agent);
     assert_ne!(auto.exec_mode_for(&other), ExecMode::Agent);
 
-    // The container stops: its processes are killed.
+    // The container stops: its processes are killed (the probe server is in a process group
+    // of its own).
+    let server = probe_server(agent.pid);
     killpg(agent.pid, Signal::SIGKILL).unwrap();
+    // (It may be gone already: it dies with the agent.)
+    let _ = kill(Pid::from_raw(server), Signal::SIGKILL);
     agent.exited().await;
+    until_reaped(server).await;
     let err = auto
         .attempt(&Handler::Exec(cmd(&["true"])), &game, SEC)
         .await
@@ -392,7 +397,16 @@ impl InitAgent {
         let unshare_pid = Pid::from_raw(child.id() as i32);
         drop(child);
         let group = KillGroupOnDrop(unshare_pid);
-        until_exists(&dir.path().join("ready"), "the command's readiness").await;
+        let ready = dir.path().join("ready");
+        let deadline = tokio::time::Instant::now() + 10 * SEC;
+        while !ready.exists() {
+            let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no readiness after 10 s; the log:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let children =
             std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
                 .unwrap();
@@ -594,19 +608,37 @@ fn parent(pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Waits until the pid written to `file` (atomically) is the agent's child, then until it is
+/// The agent's children: its command and its probe server.
+fn children(pid: Pid) -> Vec<i32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+    let lists = tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok());
+    let pids = lists.flat_map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
+    pids.filter_map(|p| p.parse().ok()).collect()
+}
+
+/// The agent's probe server, its child that serves the socket.
+fn probe_server(agent: Pid) -> i32 {
+    let serves = |pid: &i32| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        cmdline.split(|b| *b == 0).any(|arg| arg == b"--serve-for")
+    };
+    let servers: Vec<i32> = children(agent).into_iter().filter(serves).collect();
+    assert_eq!(servers.len(), 1, "the agent's probe servers: {servers:?}");
+    servers[0]
+}
+
+/// Waits until the pid written to `file` (atomically) is `adopter`'s child, then until it is
 /// reaped.
-async fn adopted_then_reaped(agent: &Agent, file: &Path) {
+async fn adopted_then_reaped(adopter: i32, file: &Path) {
     until_exists(file, "the orphan's pid file").await;
     let deadline = tokio::time::Instant::now() + 10 * SEC;
     let orphan = read_pid(file);
-    // This process is a subreaper too: the orphan must land on the agent, the nearer one.
-    while parent(orphan) != Some(agent.pid.as_raw()) {
+    // This process is a subreaper too: the orphan must land on the adopter, the nearer one.
+    while parent(orphan) != Some(adopter) {
         let now = parent(orphan);
         assert!(
             tokio::time::Instant::now() < deadline,
-            "orphan {orphan}'s parent is {now:?}, not the agent {}",
-            agent.pid
+            "orphan {orphan}'s parent is {now:?}, not {adopter}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -614,11 +646,11 @@ async fn adopted_then_reaped(agent: &Agent, file: &Path) {
 }
 
 #[tokio::test]
-async fn orphans_in_the_container_are_adopted_and_reaped_by_the_agent() {
+async fn orphans_in_the_container_are_adopted_and_reaped() {
     // The command leaves an orphan, and so does a probe.
     let script = "(sleep 1 & echo $! > ../orphan.tmp; mv ../orphan.tmp ../orphan); exec sleep 3600";
     let agent = Agent::start(&["sh", "-c", script]).await;
-    adopted_then_reaped(&agent, &agent.volume().join("orphan")).await;
+    adopted_then_reaped(agent.pid.as_raw(), &agent.volume().join("orphan")).await;
     let file = agent.volume().join("probe-orphan");
     let script = format!(
         "sleep 1 & echo $! > {0}.tmp; mv {0}.tmp {0}",
@@ -626,8 +658,12 @@ async fn orphans_in_the_container_are_adopted_and_reaped_by_the_agent() {
     );
     let obs = agent.probe(sh(&script), 5 * SEC).await.unwrap();
     assert_eq!(obs.outcome, Outcome::Succeeded);
-    adopted_then_reaped(&agent, &file).await;
+    // A probe's orphan is its probe server's, which reaps it: the agent itself has nothing to
+    // do with probes.
+    let server = probe_server(agent.pid);
+    adopted_then_reaped(server, &file).await;
     until_no_zombies(agent.pid.as_raw()).await;
+    until_no_zombies(server).await;
 }
 
 /// A launcher may start the agent with SIGCHLD blocked (the mask survives exec). The agent's
@@ -961,5 +997,64 @@ async fn a_hook_whose_agent_cannot_serve_still_returns_0_and_the_log_says_why() 
         game.log().contains("No such file or directory"),
         "{}",
         game.log()
+    );
+}
+
+/// One request on `socket` from this process (the sidecar's place): the agent's answer.
+async fn ask(socket: &Path, argv: &[&str]) -> Response {
+    let mut stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let request = Request {
+        command: cmd(argv).command,
+        timeout_millis: 5_000,
+    };
+    write_line(&mut stream, &request).await.unwrap();
+    read_line(&mut stream).await.unwrap()
+}
+
+/// Probe serving runs in a process of its own: when it dies (a crash, whatever its cause)
+/// the agent starts another and probes are answered again; when it hangs, the agent still
+/// forwards the kubelet's SIGTERM and the container's exit code is the command's.
+#[tokio::test]
+async fn a_probe_server_that_crashes_or_hangs_never_stops_the_command() {
+    let agent = InitAgent::start(&[
+        "sh",
+        "-c",
+        "trap 'exit 7' TERM; touch {dir}/ready; while :; do sleep 0.05; done",
+    ])
+    .await;
+    let socket = agent.dir.path().join("agent.sock");
+    let served = |n: usize| {
+        let log = agent.log();
+        log.matches("serving exec probes on").count() >= n
+    };
+    let deadline = tokio::time::Instant::now() + 10 * SEC;
+    while !served(1) {
+        assert!(tokio::time::Instant::now() < deadline, "{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let answered = Response::Observed {
+        outcome: Outcome::Succeeded,
+        message: "up".into(),
+    };
+    assert_eq!(ask(&socket, &["printf", "up"]).await, answered);
+
+    let crashed = probe_server(agent.pid);
+    // SIGABRT, as a panic in the shipped build (`panic = "abort"`) ends it.
+    kill(Pid::from_raw(crashed), Signal::SIGABRT).unwrap();
+    agent.until_logged("the probe server").await;
+    let deadline = tokio::time::Instant::now() + 10 * SEC;
+    while !served(2) {
+        assert!(tokio::time::Instant::now() < deadline, "{}", agent.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ask(&socket, &["printf", "up"]).await, answered);
+    let hung = probe_server(agent.pid);
+    assert_ne!(hung, crashed);
+
+    kill(Pid::from_raw(hung), Signal::SIGSTOP).unwrap();
+    let unshare = agent.unshare;
+    assert_eq!(
+        agent.stopped_by(libc_signal(Signal::SIGTERM)).await,
+        Some(WaitStatus::Exited(unshare, 7))
     );
 }

@@ -129,8 +129,17 @@ impl Agents {
             cpu.add(pid)?;
             sockets.push(socket);
         }
-        agents.cpu = Some(Arc::new(cpu));
         agents.wait_for(&sockets).await?;
+        // Each agent serves from a probe server it starts as its child, which may have
+        // started before the agent joined the group: every probe command is the server's.
+        for pid in agents.children.pids() {
+            let children = format!("/proc/{pid}/task/{pid}/children");
+            let children = std::fs::read_to_string(children).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                cpu.add(child)?;
+            }
+        }
+        agents.cpu = Some(Arc::new(cpu));
         Ok(agents)
     }
 

@@ -3,14 +3,18 @@
 //! idle-deletion-cost.yaml`) on PODS game servers, each with its injected sidecar, through the
 //! real apiserver, kubelet, containerd and runc.
 //!
-//! Paths (`--path`, repeatable; default all three, each on a node and control plane of its own):
+//! Paths (`--path`, repeatable; default all four, each on a node and control plane of its own):
 //! - `agent`: the chart's defaults, and game containers that give their command (as the idle
 //!   recipe's does): injection wraps it with podprobe's exec agent, which runs the probe in
 //!   the game container. The default install's path for such pods, marked `"default": true`.
+//! - `beside`: the chart's defaults, and game containers without a command (their image's
+//!   entrypoint): their postStart hook starts the exec agent beside the game server. The
+//!   default install's path for such pods on kubelet nodes, also marked `"default": true`.
 //! - `api`: the chart's defaults (no shared process namespace, a non-root sidecar without
-//!   capabilities), and game containers without a command (their image's entrypoint), so the
-//!   sidecar runs the command through `pods/exec`. The default install's path for such pods,
-//!   also marked `"default": true`.
+//!   capabilities), and game containers without a command whose pods opt out of the exec
+//!   agent (`podprobe.io/exec-agent: disabled`), so the sidecar runs the command through
+//!   `pods/exec`. The default install's path for such pods on virtual nodes (`"default"`
+//!   there).
 //! - `procfs`: `injection.config.shareProcessNamespace=true` and a root sidecar that keeps the
 //!   runtime's default capabilities (docs/sidecar.md): the sidecar runs the command itself,
 //!   chrooted into the game container.
@@ -104,7 +108,11 @@ enum NodeKind {
 enum ExecPath {
     /// The chart's defaults, game containers that give their command: the exec agent.
     Agent,
-    /// The chart's defaults, game containers without a command: `pods/exec`.
+    /// The chart's defaults, game containers without a command: the agent from their
+    /// postStart hook, beside the image's entrypoint.
+    Beside,
+    /// The chart's defaults, game containers without a command, the pods opted out of the
+    /// agent: `pods/exec`.
     Api,
     /// A shared process namespace and a root sidecar: the command runs from the sidecar.
     Procfs,
@@ -114,6 +122,7 @@ impl ExecPath {
     fn name(self) -> &'static str {
         match self {
             ExecPath::Agent => "agent",
+            ExecPath::Beside => "beside",
             ExecPath::Api => "api",
             ExecPath::Procfs => "procfs",
         }
@@ -157,6 +166,8 @@ struct Bench<'a> {
     control_plane_marker: [String; 1],
     /// The game containers' command, if they give one (the game server image's entrypoint).
     command: Option<&'static str>,
+    /// The pods opt out of the exec agent.
+    opted_out: bool,
     /// Pods for a virtual node: left to the scheduler, which places them there.
     virtual_node: bool,
 }
@@ -165,7 +176,12 @@ struct Bench<'a> {
 async fn main() {
     let mut args = Args::parse();
     if args.paths.is_empty() {
-        args.paths = vec![ExecPath::Agent, ExecPath::Api, ExecPath::Procfs];
+        args.paths = vec![
+            ExecPath::Agent,
+            ExecPath::Beside,
+            ExecPath::Api,
+            ExecPath::Procfs,
+        ];
     }
     let mut lines = Vec::new();
     for path in &args.paths {
@@ -218,6 +234,7 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
         node_marker: [node_marker],
         control_plane_marker: [control_plane_marker],
         command: (path == ExecPath::Agent).then_some("/usr/local/bin/gameserver"),
+        opted_out: path == ExecPath::Api && !virtual_node,
         virtual_node,
     };
     let n = args.pods;
@@ -232,6 +249,14 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let mut line = report(path, n, &idle, &busy);
+    // What the chart does with such pods there: on a virtual node a container without a
+    // command keeps pods/exec (providers run no postStart hook).
+    line["default"] = json!(match path {
+        ExecPath::Agent => true,
+        ExecPath::Beside => !virtual_node,
+        ExecPath::Api => virtual_node,
+        ExecPath::Procfs => false,
+    });
     line["node"] = json!(if virtual_node { "vk-cri" } else { "kubelet" });
     line
 }
@@ -265,6 +290,10 @@ impl Bench<'_> {
         let pod = |i: usize| {
             let mut pod = on_node::game_pod(&format!("{app}-{i}"), node);
             pod.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+            if self.opted_out {
+                let opt_out = ("podprobe.io/exec-agent".to_owned(), "disabled".to_owned());
+                pod.metadata.annotations = Some([opt_out].into());
+            }
             let spec = pod.spec.as_mut().unwrap();
             if let Some(command) = self.command {
                 spec.containers[0].command = Some(vec![command.into()]);
@@ -509,7 +538,6 @@ fn report(path: ExecPath, pods: usize, idle: &Window, busy: &Window) -> serde_js
     );
     json!({
         "path": path.name(),
-        "default": path != ExecPath::Procfs,
         "game_container_gives_command": path == ExecPath::Agent,
         "pods": pods,
         "date": jiff::Timestamp::now().strftime("%Y-%m-%d").to_string(),

@@ -119,7 +119,12 @@ async fn injected_sidecar_probes_the_game_server_on_a_real_node() {
     let (running, node) = node_and_chart(NodeOptions::default()).await;
     let cp = &running.cp;
     create_ppm(cp, &game_ppm(true)).await;
-    let pods = create_admitted(cp, &game_pod("game-0", node.name())).await;
+    // The pod opts out of the exec agent, so its exec probes take the procfs path this test
+    // is about.
+    let mut pod = game_pod("game-0", node.name());
+    pod.metadata.annotations =
+        Some([("podprobe.io/exec-agent".to_owned(), "disabled".to_owned())].into());
+    let pods = create_admitted(cp, &pod).await;
 
     // Everything but idle holds; idle fails until the game says so. The readiness gate on
     // `healthy` is the kubelet's to compute.
@@ -456,6 +461,97 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
         message.contains("cannot start") && message.contains("No such file or directory"),
         "{message:?}"
     );
+    let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// The chart as installed and the game container as users write it: its image's entrypoint,
+/// no `command`. Its postStart hook starts the exec agent beside the game server, so the exec
+/// probe runs in the game container without a `pods/exec` request, while the game server
+/// stays the container's PID 1: SIGTERM is its own, and so is the exit code; the restarted
+/// container's hook starts a new agent, which takes the probes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_probes_run_through_the_agent_beside_the_images_entrypoint_as_installed() {
+    let (running, node) = node_and_chart_with(NodeOptions::default(), Mode::Standalone, &[]).await;
+    let cp = &running.cp;
+    create_ppm(cp, &game_ppm(false)).await;
+    let pods = create_admitted(cp, &game_pod("game-beside", node.name())).await;
+    let up = wait_for(&pods, "game-beside", "probes written", game_up).await;
+    let game_spec = &up.spec.as_ref().unwrap().containers[0];
+    assert_eq!(game_spec.command, None);
+    let hook = game_spec
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.post_start.as_ref());
+    let hook = hook
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.clone());
+    assert_eq!(
+        hook.as_deref().and_then(|c| c.last()).map(String::as_str),
+        Some("--detach")
+    );
+    let log = logs(&pods, "game-beside", SIDECAR).await;
+    assert!(log.contains("exec_mode=agent"), "{log}");
+    let game_log = logs(&pods, "game-beside", "game").await;
+    assert!(
+        game_log.contains("serving exec probes on /podprobe-agent-socket/agent.sock beside the container's own process"),
+        "{game_log}"
+    );
+    let game = container_id(&up, "game").unwrap();
+    ctr_exec(&node, &game, "pid-1", "grep -q gameserver /proc/1/cmdline");
+
+    let before = pods_exec_requests(cp).await;
+    ctr_exec(&node, &game, "idle", "touch /var/run/game/idle");
+    wait_for(&pods, "game-beside", "idle", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
+    ctr_exec(&node, &game, "busy", "rm /var/run/game/idle");
+    wait_for(&pods, "game-beside", "busy again", |p| {
+        condition_status(p, IDLE).as_deref() == Some("False")
+    })
+    .await;
+    assert_eq!(
+        pods_exec_requests(cp).await.saturating_sub(before),
+        0,
+        "pods/exec requests"
+    );
+
+    // SIGTERM to the container's main process, as the kubelet stops it: the game server's
+    // own, and its exit code is the container's.
+    let stopped = node
+        .ctr()
+        .args(["tasks", "kill", "--signal", "SIGTERM", &game])
+        .status()
+        .unwrap();
+    assert!(stopped.success(), "ctr tasks kill {game}");
+    let restarted = wait_for(&pods, "game-beside", "the new container's results", |p| {
+        game_up(p) && restart_count(p, "game") == 1
+    })
+    .await;
+    let terminated = game_termination(&restarted).unwrap();
+    assert_eq!(terminated.exit_code, 0, "{terminated:?}");
+    let previous = pods
+        .logs(
+            "game-beside",
+            &kube::api::LogParams {
+                container: Some("game".into()),
+                previous: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        previous.contains("gameserver: SIGTERM, exiting"),
+        "{previous}"
+    );
+    let new_game = container_id(&restarted, "game").unwrap();
+    ctr_exec(&node, &new_game, "idle-again", "touch /var/run/game/idle");
+    wait_for(&pods, "game-beside", "idle in the new container", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

@@ -8,32 +8,27 @@
 //!
 //! The hook must never fail: the kubelet kills a container whose `postStart` hook fails, and
 //! a game server must not die because its probes cannot be served. So the hook process starts
-//! the agent (the same binary, `--detached`), waits until it serves or says why it cannot (at
+//! the agent (the same binary, `--serve-for hook`), waits until it serves or says why it cannot (at
 //! most [`READY_WITHIN`]), and exits 0 either way. The agent writes its log to the container's
 //! own log (PID 1's stderr, where `kubectl logs` reads), as the agent wrapping a command does;
 //! the hook's own output is read by nobody when it succeeds. Its standard streams are not the
 //! hook's: the runtime's exec waits until every holder of those pipes has closed them.
 
-use std::ffi::OsString;
 use std::fs::OpenOptions;
-use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::unix::pipe;
 
+use super::server::{READY, ServeFor, server_args, server_command};
 use crate::probe::reaper;
 
 /// How long the hook waits for the agent to serve: a bind on an `emptyDir` takes
 /// milliseconds; a hung filesystem must not hold the container's start (the kubelet starts
 /// the pod's next container only after this hook).
 const READY_WITHIN: Duration = Duration::from_secs(10);
-
-/// What the agent prints on its stdout, the hook's pipe, once it serves.
-const READY: &str = "serving";
 
 /// Where the agent logs: its container's log. A process that may not open PID 1's stderr (a
 /// PID 1 that changed its user) logs nowhere rather than into the hook's pipes.
@@ -42,25 +37,18 @@ const CONTAINER_LOG: &str = "/proc/1/fd/2";
 /// The `postStart` hook's part: starts the agent beside the container's process and returns
 /// once it serves on `socket`; always 0 (see the module's documentation).
 pub async fn detach(socket: &Path) -> ExitCode {
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
+    let log = OpenOptions::new()
+        .append(true)
+        .open(CONTAINER_LOG)
+        .map_or_else(|_| Stdio::null(), Stdio::from);
+    let mut agent = match server_command(server_args(ServeFor::Hook)) {
+        Ok(command) => command,
         Err(e) => {
             eprintln!("podprobe agent: cannot find this binary to start the agent: {e}");
             return ExitCode::SUCCESS;
         }
     };
-    let log = OpenOptions::new()
-        .append(true)
-        .open(CONTAINER_LOG)
-        .map_or_else(|_| Stdio::null(), Stdio::from);
-    let mut agent = Command::new(exe);
-    agent
-        .args(detached_args(std::env::args_os().skip(1)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        // Out of the hook's group: nothing sent to the hook's group reaches the agent.
-        .process_group(0);
+    agent.stdout(Stdio::piped()).stderr(log);
     let (mut child, exit) = match reaper::spawn(&mut agent) {
         Ok(started) => started,
         Err(e) => {
@@ -95,72 +83,4 @@ pub async fn detach(socket: &Path) -> ExitCode {
         ),
     }
     ExitCode::SUCCESS
-}
-
-/// The hook's own arguments for the agent it starts, global flags kept: `--detach` becomes
-/// `--detached`.
-fn detached_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
-    args.map(|arg| {
-        if arg == "--detach" {
-            "--detached".into()
-        } else {
-            arg
-        }
-    })
-    .collect()
-}
-
-/// The agent started by [`detach`]: serves on `socket` until the container ends.
-pub async fn serve(socket: &Path) -> ExitCode {
-    let listener = match super::bind(socket) {
-        Ok(listener) => listener,
-        Err(e) => {
-            tracing::warn!(
-                "podprobe agent: cannot serve exec probes on {}: {e}; the container runs on, and its exec probes fail until it restarts",
-                socket.display()
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    tracing::info!(
-        "podprobe agent: pid {} serving exec probes on {} beside the container's own process",
-        std::process::id(),
-        socket.display()
-    );
-    // The hook's pipe: the hook returns on this line (and may be gone already, its wait over,
-    // so a failed write is nothing to act on).
-    let _ = writeln!(std::io::stdout(), "{READY}");
-    // Beside the container's process, the agent sees every process of its container in its
-    // PID namespace, whether or not the pod shares it (then the sidecar is there too, in a
-    // cgroup of its own): a process of its own container can be told apart, and is refused.
-    super::serving::serve(listener, true).await;
-    ExitCode::SUCCESS
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_agent_gets_the_hooks_arguments_detached() {
-        let args = [
-            "--log-level",
-            "debug",
-            "agent",
-            "--socket",
-            "/s",
-            "--detach",
-        ]
-        .map(OsString::from);
-        let expected = [
-            "--log-level",
-            "debug",
-            "agent",
-            "--socket",
-            "/s",
-            "--detached",
-        ]
-        .map(OsString::from);
-        assert_eq!(detached_args(args.into_iter()), expected.to_vec());
-    }
 }

@@ -8,7 +8,8 @@
 //! PID 1 itself; every orphan is reaped ([`reaper`]); and the container's exit code is the
 //! command's (128 + the signal's number when a signal ended it, as a shell reports it). Serving
 //! probes is second to that: if the socket cannot be served, the command runs anyway and the
-//! reason is logged.
+//! reason is logged. It is done in a process of its own ([`server`]), which the agent starts
+//! again when it ends: nothing that serving does can stop PID 1.
 //!
 //! "As when it was PID 1": the kernel delivers a signal to a namespace's PID 1 only if PID 1
 //! handles, ignores or blocks it, so a game server without a SIGTERM handler kept running until
@@ -36,10 +37,12 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::probe::reaper;
 
 mod beside;
+mod server;
 mod serving;
 mod signals;
 
-pub use beside::{detach, serve as serve_detached};
+pub use beside::detach;
+pub use server::{ServeFor, serve};
 
 /// Runs `command` as the container's main process and serves exec probes on `socket` until
 /// it exits; returns its exit code.
@@ -97,19 +100,17 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
             }
         });
     }
-    match bind(socket) {
-        Ok(listener) => {
-            tracing::info!(
-                "podprobe agent: {program} runs as pid {pid}; serving exec probes on {}",
-                socket.display()
-            );
-            tokio::spawn(serving::serve(listener, init));
-        }
-        Err(e) => tracing::warn!(
-            "podprobe agent: cannot serve exec probes on {}: {e}; {program} runs anyway, and exec probes on this container fail until it restarts",
-            socket.display()
-        ),
-    }
+    tracing::info!(
+        "podprobe agent: {program} runs as pid {pid}; exec probes are served on {} by a probe server of their own",
+        socket.display()
+    );
+    // Serving runs in a process of its own: nothing it does can stop this one.
+    let role = if init {
+        server::ServeFor::Init
+    } else {
+        server::ServeFor::Parent
+    };
+    tokio::spawn(server::supervise(role));
     match exit.wait().await {
         Some(WaitStatus::Exited(_, code)) => ExitCode::from(code as u8),
         Some(WaitStatus::Signaled(_, sig, _)) => ExitCode::from(128 + sig as u8),

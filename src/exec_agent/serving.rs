@@ -39,18 +39,20 @@ pub(super) async fn serve(listener: UnixListener, guarded: bool) {
     let (mut refused, mut strangers) = (Refusals::default(), Refusals::default());
     loop {
         match listener.accept().await {
-            Ok((mut stream, _)) if let Some(message) = refused_peer(&stream, guarded) => {
-                // Said once: a process that asks again and again must not fill the game's log.
-                strangers.say(format_args!("podprobe agent: {message}"));
-                tokio::spawn(async move {
-                    let _ = write_line(&mut stream, &Response::Error { message }).await;
-                });
-            }
             Ok((stream, _)) => match connections.clone().try_acquire_owned() {
                 Ok(held) => {
+                    let refusal = refused_peer(&stream, guarded);
+                    if let Some(message) = &refusal {
+                        // Said once: a process that asks again and again must not fill the
+                        // game's log.
+                        strangers.say(format_args!("podprobe agent: {message}"));
+                    }
                     let attempts = attempts.clone();
                     tokio::spawn(async move {
-                        answer(stream, &attempts).await;
+                        match refusal {
+                            Some(message) => refuse(stream, message).await,
+                            None => answer(stream, &attempts).await,
+                        }
                         drop(held);
                     });
                 }
@@ -66,6 +68,14 @@ pub(super) async fn serve(listener: UnixListener, guarded: bool) {
             }
         }
     }
+}
+
+/// Answers a refused asker with why, once it has sent its request (an answer before it would
+/// meet a closed socket).
+async fn refuse(mut stream: UnixStream, message: String) {
+    let read = read_line_within::<Request>(&mut stream, MAX_REQUEST_BYTES);
+    let _ = tokio::time::timeout(REQUEST_DEADLINE, read).await;
+    let _ = write_line(&mut stream, &Response::Error { message }).await;
 }
 
 /// Runs one exec attempt with the same runner as the sidecar's `local` mode.
