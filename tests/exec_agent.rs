@@ -134,6 +134,10 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         if self.exit.is_some() {
+            // The command and the probe server are in process groups of their own.
+            for child in children(self.pid) {
+                let _ = killpg(Pid::from_raw(child), Signal::SIGKILL);
+            }
             let _ = killpg(self.pid, Signal::SIGKILL);
         }
     }
@@ -311,6 +315,9 @@ async fn auto_uses_the_agent_for_its_containers_only_and_never_falls_back_from_i
     // The container stops: its processes are killed (the probe server is in a process group
     // of its own).
     let server = probe_server(agent.pid);
+    for child in children(agent.pid) {
+        let _ = killpg(Pid::from_raw(child), Signal::SIGKILL);
+    }
     killpg(agent.pid, Signal::SIGKILL).unwrap();
     // (It may be gone already: it dies with the agent.)
     let _ = kill(Pid::from_raw(server), Signal::SIGKILL);
@@ -1057,4 +1064,63 @@ async fn a_probe_server_that_crashes_or_hangs_never_stops_the_command() {
         agent.stopped_by(libc_signal(Signal::SIGTERM)).await,
         Some(WaitStatus::Exited(unshare, 7))
     );
+}
+
+/// In a container with a terminal the command is the terminal's foreground group, alone in
+/// it, as under tini: Ctrl-C reaches it from the terminal once, not also forwarded by the
+/// agent, and a shell script's `kill 0` does not reach the agent. A pty stands for the
+/// container's terminal (python's `pty.fork`: the agent a session leader on it, as a runtime
+/// starts a `tty: true` container's process).
+#[tokio::test]
+async fn with_a_terminal_the_command_is_its_foreground_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let terminal = r#"
+import os, pathlib, pty, sys, time
+d, agent = pathlib.Path(sys.argv[1]), sys.argv[2]
+script = f"echo $$ > {d}/cmd.tmp; mv {d}/cmd.tmp {d}/cmd; while :; do sleep 0.05; done"
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(agent, [agent, 'agent', '--socket', str(d / 'agent.sock'), '--', 'sh', '-c', script])
+while not (d / 'cmd').exists():
+    time.sleep(0.01)
+cmd = int((d / 'cmd').read_text())
+fields = open(f'/proc/{cmd}/stat').read().rsplit(')', 1)[1].split()
+(d / 'groups').write_text(f'{pid} {cmd} {fields[2]} {fields[5]}')
+os.write(fd, b'\x03')
+while True:
+    try:
+        if not os.read(fd, 1024):
+            break
+    except OSError:
+        break
+(d / 'status').write_text(str(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])))
+"#;
+    let mut python = Command::new("python3");
+    python
+        .args(["-c", terminal])
+        .arg(dir.path())
+        .arg(env!("CARGO_BIN_EXE_podprobe"))
+        .process_group(0);
+    let (child, exit) = reaper::spawn(&mut python).unwrap();
+    let _group = KillGroupOnDrop(Pid::from_raw(child.id() as i32));
+    drop(child);
+    let ended = tokio::time::timeout(10 * SEC, exit.wait()).await;
+    assert!(
+        matches!(ended, Ok(Some(WaitStatus::Exited(_, 0)))),
+        "the terminal's script: {ended:?}"
+    );
+    let groups = std::fs::read_to_string(dir.path().join("groups")).unwrap();
+    let [agent, command, group, foreground] = groups
+        .split_whitespace()
+        .map(|n| n.parse::<i32>().unwrap())
+        .collect::<Vec<_>>()[..]
+    else {
+        panic!("{groups}")
+    };
+    assert_ne!(agent, command);
+    assert_eq!(group, command, "the command's process group");
+    assert_eq!(foreground, command, "the terminal's foreground group");
+    // Ctrl-C ended the command (no handler), and the agent exited as it did.
+    let status = std::fs::read_to_string(dir.path().join("status")).unwrap();
+    assert_eq!(status, "130");
 }

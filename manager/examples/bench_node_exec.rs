@@ -183,19 +183,20 @@ async fn main() {
             ExecPath::Procfs,
         ];
     }
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/node_exec.jsonl");
     let mut lines = Vec::new();
     for path in &args.paths {
-        lines.push(measure_path(*path, &args).await);
-    }
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf/node_exec.jsonl");
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&out)
-        .unwrap();
-    for line in &lines {
+        let line = measure_path(*path, &args).await;
+        // Kept as each path ends: a later path's failure loses nothing measured.
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&out)
+            .unwrap();
         use std::io::Write;
         writeln!(file, "{line}").unwrap();
+        eprintln!("{line}");
+        lines.push(line);
     }
     println!("appended to {}", out.display());
     for line in &lines {

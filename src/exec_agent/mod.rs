@@ -26,6 +26,7 @@
 
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
@@ -40,6 +41,7 @@ mod beside;
 mod server;
 mod serving;
 mod signals;
+mod terminal;
 
 pub use beside::detach;
 pub use server::{ServeFor, serve};
@@ -60,7 +62,10 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
         eprintln!("podprobe agent: no command to run");
         return ExitCode::from(127);
     };
-    let (child, exit) = match reaper::spawn(Command::new(program).args(args)) {
+    let mut spawn = Command::new(program);
+    // A process group of its own ([`terminal`]).
+    spawn.args(args).process_group(0);
+    let (child, exit) = match reaper::spawn(&mut spawn) {
         Ok(started) => started,
         Err(e) => {
             let reason = format!("podprobe agent: cannot start {command:?}: {e}");
@@ -77,6 +82,7 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
     let pid = Pid::from_raw(child.id() as i32);
     // Never waited on: the reaper owns its status.
     drop(child);
+    terminal::hand_over(pid);
     let init = std::process::id() == 1;
     for (sig, mut stream) in streams {
         let program = program.clone();
