@@ -4,8 +4,8 @@
 //! real apiserver, kubelet, containerd and runc.
 //!
 //! Paths (`--path`, repeatable; default all four, each on a node and control plane of its own):
-//! - `agent`: the chart's defaults, and game containers that give their command (as the idle
-//!   recipe's does): injection wraps it with podprobe's exec agent, which runs the probe in
+//! - `agent`: the chart's defaults, and game containers that give their command: injection
+//!   wraps it with podprobe's exec agent, which runs the probe in
 //!   the game container. The default install's path for such pods, marked `"default": true`.
 //! - `beside`: the chart's defaults, and game containers without a command (their image's
 //!   entrypoint): their postStart hook starts the exec agent beside the game server. The
@@ -250,6 +250,11 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let mut line = report(path, n, &idle, &busy);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    line["command"] = json!(format!(
+        "cargo run --release -p podprobe-manager --example bench_node_exec -- {}",
+        args.join(" ")
+    ));
     // What the chart does with such pods there: on a virtual node a container without a
     // command keeps pods/exec (providers run no postStart hook).
     line["default"] = json!(match path {

@@ -556,6 +556,56 @@ async fn exec_probes_run_through_the_agent_beside_the_images_entrypoint_as_insta
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
+/// The agent beside the entrypoint of a game container as hardened images run: a random
+/// non-root uid, a read-only root filesystem, no capability. The hook runs as that user, the
+/// agent serves and logs to the container's log as that user, and the exec probe runs there
+/// without `pods/exec`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_beside_a_non_root_random_uid_read_only_game_server() {
+    let (running, node) = node_and_chart_with(NodeOptions::default(), Mode::Standalone, &[]).await;
+    let cp = &running.cp;
+    create_ppm(cp, &game_ppm(false)).await;
+    let mut pod = serde_json::to_value(game_pod("game-hardened", node.name())).unwrap();
+    let game = &mut pod["spec"]["containers"][0];
+    game["securityContext"] = json!({
+        "runAsUser": 43210, "runAsGroup": 43210, "runAsNonRoot": true,
+        "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]}
+    });
+    game["volumeMounts"] = json!([{"name": "state", "mountPath": "/var/run/game"}]);
+    pod["spec"]["volumes"] = json!([{"name": "state", "emptyDir": {}}]);
+    let pods = create_admitted(cp, &serde_json::from_value(pod).unwrap()).await;
+    let up = wait_for(&pods, "game-hardened", "probes written", game_up).await;
+    let log = logs(&pods, "game-hardened", SIDECAR).await;
+    assert!(log.contains("exec_mode=agent"), "{log}");
+    let game_log = logs(&pods, "game-hardened", "game").await;
+    assert!(
+        game_log.contains("beside the container's own process"),
+        "{game_log}"
+    );
+    let game = container_id(&up, "game").unwrap();
+    // The agent runs as the container's user.
+    ctr_exec(
+        &node,
+        &game,
+        "agent-uid",
+        "for p in /proc/[0-9]*; do if grep -q serve-for $p/cmdline; then grep -q 43210 $p/status || exit 1; found=1; fi; done; test -n \"$found\"",
+    );
+    let before = pods_exec_requests(cp).await;
+    ctr_exec(&node, &game, "idle", "touch /var/run/game/idle");
+    wait_for(&pods, "game-hardened", "idle", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
+    assert_eq!(
+        pods_exec_requests(cp).await.saturating_sub(before),
+        0,
+        "pods/exec requests"
+    );
+    let leftovers = node.stop(cp).await.unwrap();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn file_source_and_pods_exec_through_the_kubelet_and_the_token_confined_to_its_pod() {
     let (running, node) = node_and_chart(NodeOptions::default()).await;

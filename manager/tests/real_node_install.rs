@@ -95,7 +95,8 @@ async fn the_readme_install_runs_the_recipes_probes_exec_included_with_the_chart
     run_as_user(&cp, &node, &install[0]);
 
     // The idle recipe: /idle.sh in the game container, which the sidecar's image lacks, run
-    // there by the exec agent that injection wrapped the recipe's command with.
+    // there by the exec agent that injection started beside the image's entrypoint (the
+    // recipe gives no command).
     apply(&cp, &recipe("idle-deletion-cost.yaml"));
     let pods: Api<Pod> = Api::namespaced(cp.client(), GAMES);
     let arena = pods_of(&pods, "arena", 2).await;
