@@ -904,17 +904,9 @@ async fn as_pid_1_the_agent_refuses_a_process_of_its_own_container() {
         answer.contains("refused pid") && answer.contains("own container"),
         "{answer}"
     );
-    let mut stream = tokio::net::UnixStream::connect(agent.dir.path().join("agent.sock"))
-        .await
-        .unwrap();
-    let request = Request {
-        command: cmd(&["printf", "from outside"]).command,
-        timeout_millis: 5_000,
-    };
-    write_line(&mut stream, &request).await.unwrap();
-    let answer: Response = read_line(&mut stream).await.unwrap();
+    let socket = agent.dir.path().join("agent.sock");
     assert_eq!(
-        answer,
+        ask(&socket, &["printf", "from outside"]).await,
         Response::Observed {
             outcome: Outcome::Succeeded,
             message: "from outside".into()
@@ -960,17 +952,9 @@ async fn beside_the_containers_own_process_the_hook_returns_once_the_agent_serve
 
     // The sidecar's place: answered, and the command runs in the container, whose PID 1 is
     // the game's own process.
-    let mut stream = tokio::net::UnixStream::connect(game.dir.path().join("agent.sock"))
-        .await
-        .unwrap();
-    let request = Request {
-        command: cmd(&["cat", "/proc/1/comm"]).command,
-        timeout_millis: 5_000,
-    };
-    write_line(&mut stream, &request).await.unwrap();
-    let answer: Response = read_line(&mut stream).await.unwrap();
+    let socket = game.dir.path().join("agent.sock");
     assert_eq!(
-        answer,
+        ask(&socket, &["cat", "/proc/1/comm"]).await,
         Response::Observed {
             outcome: Outcome::Succeeded,
             message: "python3\n".into()

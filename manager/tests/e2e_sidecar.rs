@@ -114,7 +114,12 @@ async fn ppm_webhook_sidecar_markers_edit_and_delete() {
     assert!(annotation(&admitted, PODPROBE).unwrap().contains("healthy"));
     assert_eq!(annotation(&admitted, LIST).as_deref(), Some("game"));
     let init = admitted.spec.as_ref().unwrap().init_containers.clone();
-    assert_eq!(init.unwrap()[0].name, "podprobe", "native sidecar injected");
+    let sidecar = init.iter().flatten().find(|c| c.name == "podprobe");
+    assert_eq!(
+        sidecar.and_then(|c| c.restart_policy.as_deref()),
+        Some("Always"),
+        "native sidecar injected"
+    );
     cluster.create_pod(&admitted).await;
     kubelet_runs(&cluster, "gs-1").await;
 

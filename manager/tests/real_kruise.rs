@@ -84,7 +84,10 @@ async fn companion_injects_the_sidecar_and_kruise_marks_what_it_probes() {
     assert_eq!(written.len(), 1);
     assert_eq!(written[0]["podConditionType"], HEALTHY);
     let spec = created.spec.as_ref().unwrap();
-    let sidecar = &spec.init_containers.as_ref().expect("the sidecar")[0];
+    // After the exec agent's install container (the pod's exec probe targets a container
+    // without a command: the agent starts beside its entrypoint).
+    let inits = spec.init_containers.as_ref().expect("the sidecar");
+    let sidecar = inits.last().expect("the sidecar");
     assert_eq!(
         (sidecar.name.as_str(), sidecar.restart_policy.as_deref()),
         ("podprobe", Some("Always")),

@@ -102,9 +102,11 @@ async fn ppms_pods_markers_and_leases_through_the_real_admission_chain() {
     assert_eq!(annotation(&created, LIST).as_deref(), Some("ppm-test"));
     let spec = created.spec.as_ref().unwrap();
     let init = spec.init_containers.as_ref().expect("the sidecar");
-    assert_eq!(init[0].name, "podprobe");
+    // After the exec agent's install container, if any.
+    let sidecar = init.last().unwrap();
+    assert_eq!(sidecar.name, "podprobe");
     assert_eq!(
-        init[0].restart_policy.as_deref(),
+        sidecar.restart_policy.as_deref(),
         Some("Always"),
         "a native sidecar"
     );

@@ -332,6 +332,45 @@ fn ctr_exec(node: &testkit::real::Node, id: &str, exec_id: &str, script: &str) {
     assert!(status.success(), "ctr tasks exec {id} {script:?}");
 }
 
+/// Stops the game container `game` of pod `name` as the kubelet does (SIGTERM to its main
+/// process) and checks the game server stopped gracefully (its exit code 0 is the container's)
+/// and that the restarted container's agent takes the probes on.
+async fn stopped_gracefully_and_probed_again(
+    node: &testkit::real::Node,
+    pods: &Api<Pod>,
+    name: &str,
+    game: &str,
+) {
+    let stopped = node
+        .ctr()
+        .args(["tasks", "kill", "--signal", "SIGTERM", game])
+        .status()
+        .unwrap();
+    assert!(stopped.success(), "ctr tasks kill {game}");
+    let restarted = wait_for(pods, name, "the new container's results", |p| {
+        game_up(p) && restart_count(p, "game") == 1
+    })
+    .await;
+    let terminated = game_termination(&restarted).unwrap();
+    assert_eq!(terminated.exit_code, 0, "{terminated:?}");
+    let params = kube::api::LogParams {
+        container: Some("game".into()),
+        previous: true,
+        ..Default::default()
+    };
+    let previous = pods.logs(name, &params).await.unwrap();
+    assert!(
+        previous.contains("gameserver: SIGTERM, exiting"),
+        "{previous}"
+    );
+    let new_game = container_id(&restarted, "game").unwrap();
+    ctr_exec(node, &new_game, "idle-again", "touch /var/run/game/idle");
+    wait_for(pods, name, "idle in the new container", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
+}
+
 /// All `pods/exec` requests the apiserver has served.
 async fn pods_exec_requests(cp: &testkit::real::ControlPlane) -> u64 {
     let counts = testkit::real::metrics::request_counts(&cp.metrics().await.unwrap());
@@ -395,53 +434,7 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
     // The runtime stops the container as the kubelet does, SIGTERM to its main process: the
     // agent forwards it to tini, tini to the game server, which exits, and the container's
     // exit is the game server's.
-    let stopped = node
-        .ctr()
-        .args(["tasks", "kill", "--signal", "SIGTERM", &game])
-        .status()
-        .unwrap();
-    assert!(stopped.success(), "ctr tasks kill {game}");
-    let restarted = wait_for(&pods, "game-agent", "the new container's results", |p| {
-        game_up(p) && restart_count(p, "game") == 1
-    })
-    .await;
-    let last = restarted
-        .status
-        .as_ref()
-        .unwrap()
-        .container_statuses
-        .as_ref()
-        .unwrap();
-    let last = last.iter().find(|c| c.name == "game").unwrap();
-    let terminated = last
-        .last_state
-        .as_ref()
-        .unwrap()
-        .terminated
-        .as_ref()
-        .unwrap();
-    assert_eq!(terminated.exit_code, 0, "{terminated:?}");
-    let previous = pods
-        .logs(
-            "game-agent",
-            &kube::api::LogParams {
-                container: Some("game".into()),
-                previous: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert!(
-        previous.contains("gameserver: SIGTERM, exiting"),
-        "{previous}"
-    );
-    let new_game = container_id(&restarted, "game").unwrap();
-    ctr_exec(&node, &new_game, "idle-again", "touch /var/run/game/idle");
-    wait_for(&pods, "game-agent", "idle in the new container", |p| {
-        condition_status(p, IDLE).as_deref() == Some("True")
-    })
-    .await;
+    stopped_gracefully_and_probed_again(&node, &pods, "game-agent", &game).await;
 
     // A command that cannot start: the container ends as a shell would say (127), and why is
     // its termination message, which `kubectl describe` shows (the runtime's StartError did
@@ -519,39 +512,7 @@ async fn exec_probes_run_through_the_agent_beside_the_images_entrypoint_as_insta
 
     // SIGTERM to the container's main process, as the kubelet stops it: the game server's
     // own, and its exit code is the container's.
-    let stopped = node
-        .ctr()
-        .args(["tasks", "kill", "--signal", "SIGTERM", &game])
-        .status()
-        .unwrap();
-    assert!(stopped.success(), "ctr tasks kill {game}");
-    let restarted = wait_for(&pods, "game-beside", "the new container's results", |p| {
-        game_up(p) && restart_count(p, "game") == 1
-    })
-    .await;
-    let terminated = game_termination(&restarted).unwrap();
-    assert_eq!(terminated.exit_code, 0, "{terminated:?}");
-    let previous = pods
-        .logs(
-            "game-beside",
-            &kube::api::LogParams {
-                container: Some("game".into()),
-                previous: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    assert!(
-        previous.contains("gameserver: SIGTERM, exiting"),
-        "{previous}"
-    );
-    let new_game = container_id(&restarted, "game").unwrap();
-    ctr_exec(&node, &new_game, "idle-again", "touch /var/run/game/idle");
-    wait_for(&pods, "game-beside", "idle in the new container", |p| {
-        condition_status(p, IDLE).as_deref() == Some("True")
-    })
-    .await;
+    stopped_gracefully_and_probed_again(&node, &pods, "game-beside", &game).await;
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }

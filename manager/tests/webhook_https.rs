@@ -47,11 +47,19 @@ async fn pod_admission_is_patched_with_tv03_annotations_and_the_sidecar() {
     assert_eq!(annotations[PODPROBE_ANNOTATION], TV03_PODPROBE);
     assert_eq!(annotations[MARKER_LIST_ANNOTATION], "ppm-test");
     // The apiserver is Kubernetes 1.37: the sidecar is a restartable init container.
+    // After it, the exec agent's install container: the exec probe's container gives no
+    // command, so its postStart hook starts the agent beside its entrypoint.
     let init = out.spec.as_ref().unwrap().init_containers.clone().unwrap();
-    assert_eq!(init.len(), 1);
-    assert_eq!(init[0].name, "podprobe");
-    assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
-    assert_eq!(out.spec.as_ref().unwrap().containers.len(), 1);
+    let names: Vec<&str> = init.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["podprobe-agent-install", "podprobe"]);
+    assert_eq!(init[1].restart_policy.as_deref(), Some("Always"));
+    let containers = &out.spec.as_ref().unwrap().containers;
+    assert_eq!(containers.len(), 1);
+    let hook = containers[0]
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.post_start.as_ref());
+    assert!(hook.is_some(), "{:?}", containers[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
