@@ -68,8 +68,8 @@ enum Command {
     /// have as PID 1 (all but the ones a process sends itself); every orphan is reaped; the
     /// container's exit code is COMMAND's (128 + the signal's number when a signal ended it).
     /// Probes are served by a child process of the agent's, started again when it ends, so a
-    /// fault in serving never stops COMMAND. If the socket cannot be served, COMMAND still runs (exec probes then fail with the
-    /// reason).
+    /// fault in serving never stops COMMAND. If the socket cannot be served, COMMAND still
+    /// runs (exec probes then fail with the reason).
     ///
     /// `podprobe agent --socket PATH --detach` is the container's postStart hook when the
     /// container runs its image's entrypoint: it starts the agent beside the container's own
@@ -297,8 +297,8 @@ struct RunArgs {
     #[arg(long, env = "PODPROBE_METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
 
-    /// Where exec probes run. `agent`: through podprobe's exec agent, the target container's
-    /// main process (`--exec-agents`). `procfs`: chrooted into the target container's main
+    /// Where exec probes run. `agent`: through podprobe's exec agent in the target container
+    /// (`--exec-agents`). `procfs`: chrooted into the target container's main
     /// process (needs `shareProcessNamespace: true` and CAP_SYS_CHROOT; CAP_SYS_PTRACE, or the
     /// target's uid and every capability the target holds). `api`: pods/exec through the
     /// apiserver (RBAC `create pods/exec`). `local`: in the sidecar's container. `auto`: agent
@@ -307,8 +307,8 @@ struct RunArgs {
     #[arg(long, value_enum, default_value_t = Exec::Auto, env = "PODPROBE_EXEC_MODE")]
     exec_mode: Exec,
 
-    /// Containers of this pod whose command runs under podprobe's exec agent
-    /// (comma-separated; the manager's injection sets it). `auto` runs their exec probes
+    /// Containers of this pod that have podprobe's exec agent, wrapping their command or
+    /// beside their entrypoint (comma-separated; the manager's injection sets it). `auto` runs their exec probes
     /// through the agent: in the container, as the kubelet would, without an apiserver request.
     #[arg(long, env = "PODPROBE_EXEC_AGENTS", value_delimiter = ',')]
     exec_agents: Vec<String>,

@@ -89,7 +89,7 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
         tokio::spawn(async move {
             let mut said = false;
             while stream.recv().await.is_some() {
-                if !init || signals::received_as_init(pid, sig) {
+                if !init || signals::received_as_init(pid, sig).await {
                     signals::send(pid, sig);
                 } else if !said {
                     // Said, because a container that then ignores SIGTERM until the kubelet's

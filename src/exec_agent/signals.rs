@@ -12,11 +12,12 @@
 //! PID 1 itself, would have received it. The kernel drops a signal sent to a namespace's init
 //! when its handler is the default and it is not blocked, so the command receives it when it
 //! catches it (`SigCgt`), ignores it (`SigIgn`, where forwarding changes nothing), blocks it
-//! (`SigBlk`), or is waiting for signals in `sigtimedwait`/`sigwait`, as tini, dumb-init and
-//! many C and C++ servers do: while it waits, the kernel unblocks the awaited signals and
-//! `/proc` shows none of them blocked, so the wait itself (the process's `wchan`, or its current
-//! system call) is what says so. Whatever cannot be read counts as received: a signal is never
-//! lost for want of a reading.
+//! (`SigBlk`, for longer than a shell's `fork` blocks it: a signal pending while blocked is
+//! dropped at the unblocking unless then caught), or is waiting for signals in
+//! `sigtimedwait`/`sigwait`, as tini, dumb-init and many C and C++ servers do: while it waits,
+//! the kernel unblocks the awaited signals and `/proc` shows none of them blocked, so the wait
+//! itself (the process's `wchan`, or its current system call) is what says so. Whatever cannot
+//! be read counts as received: a signal is never lost for want of a reading.
 
 use nix::libc;
 use nix::unistd::Pid;
@@ -71,9 +72,29 @@ pub(super) fn name(sig: i32) -> String {
 }
 
 /// Whether `pid`, as its namespace's PID 1, would receive `sig` (the module's rule).
-pub(super) fn received_as_init(pid: Pid, sig: i32) -> bool {
+pub(super) async fn received_as_init(pid: Pid, sig: i32) -> bool {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    loop {
+        match reading(pid, sig) {
+            Some(received) => return received,
+            None if tokio::time::Instant::now() >= deadline => return true,
+            None => tokio::time::sleep(SETTLE_STEP).await,
+        }
+    }
+}
+
+/// How long a signal that is only blocked waits for the block to settle: a shell blocks every
+/// signal for the microseconds of a `fork`, after which the kernel would have dropped a
+/// pending signal it does not catch; catatonit blocks them for good and reads a `signalfd`.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+const SETTLE_STEP: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Whether `pid`, as PID 1, receives `sig` now: `Some(true)` it does (caught, ignored, awaited,
+/// or unreadable), `Some(false)` the kernel drops it, `None` it is only blocked (pending until
+/// unblocked, then received or dropped as the process then says).
+fn reading(pid: Pid, sig: i32) -> Option<bool> {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return true;
+        return Some(true);
     };
     let mask = |field: &str| {
         status
@@ -84,10 +105,16 @@ pub(super) fn received_as_init(pid: Pid, sig: i32) -> bool {
     let (Some(caught), Some(ignored), Some(blocked)) =
         (mask("SigCgt:"), mask("SigIgn:"), mask("SigBlk:"))
     else {
-        return true;
+        return Some(true);
     };
     let bit = 1u64 << (sig - 1);
-    (caught | ignored | blocked) & bit != 0 || waits_for_signals(pid)
+    if (caught | ignored) & bit != 0 || waits_for_signals(pid) {
+        Some(true)
+    } else if blocked & bit != 0 {
+        None
+    } else {
+        Some(false)
+    }
 }
 
 /// Whether `pid` sleeps in `rt_sigtimedwait` (`sigwait`, `sigwaitinfo`, `sigtimedwait`).

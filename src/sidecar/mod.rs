@@ -46,7 +46,7 @@ pub struct SidecarOptions {
     pub metrics_addr: Option<SocketAddr>,
     /// Where exec probes run (`api` and `auto` exec into this pod with the sidecar's client).
     pub exec_mode: ExecMode,
-    /// The containers whose command runs under podprobe's exec agent, and the agents' sockets.
+    /// The containers that have podprobe's exec agent, and the agents' sockets.
     pub exec_agent: AgentExec,
     /// How soon a condition another writer removed or changed is written back.
     pub overwrite_repair: RepairPolicy,

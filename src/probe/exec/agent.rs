@@ -1,6 +1,8 @@
-//! `agent` exec mode: the command runs as a child of podprobe's exec agent, which is the
-//! target container's own main process (`podprobe agent -- <the container's command>`, set up
-//! by the manager's injection), asked over a Unix socket on a volume the two containers share.
+//! `agent` exec mode: the command runs as a child of podprobe's exec agent in the target
+//! container (its main process wrapping the container's command, `podprobe agent -- <command>`,
+//! or a process beside the image's entrypoint, started by the container's `postStart` hook;
+//! set up by the manager's injection), asked over a Unix socket on a volume the two containers
+//! share.
 //!
 //! The command therefore runs exactly where the kubelet's `ExecSync` runs it: in the target
 //! container's mount namespace, cgroup, uid/gid, environment and working directory, with no
@@ -118,11 +120,11 @@ impl AgentExec {
     pub(crate) fn check(&self, container: &str) -> Result<String, String> {
         if self.containers.iter().any(|c| c == container) {
             Ok(format!(
-                "the container's command runs under podprobe's exec agent (socket {})",
+                "the container has podprobe's exec agent (socket {})",
                 self.socket(container).display()
             ))
         } else {
-            Err("the container's command is not wrapped by podprobe's exec agent".into())
+            Err("the container has no podprobe exec agent".into())
         }
     }
 

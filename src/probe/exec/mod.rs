@@ -49,7 +49,7 @@ pub(crate) use auto::Executor;
 /// Where exec probes run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum ExecMode {
-    /// Per target container: agent when its command runs under podprobe's exec agent, else
+    /// Per target container: agent when it has podprobe's exec agent, else
     /// procfs when its process is visible and chroot is permitted, else api when configured
     /// and allowed, else local. Logged once per container.
     Auto,
