@@ -275,7 +275,9 @@ fn exec_links(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
             let command = container.command.as_deref().unwrap_or_default();
             let post_start = container.lifecycle.as_ref().and_then(|l| l.post_start.as_ref());
             let hook = post_start.and_then(|h| h.exec.as_ref()).and_then(|e| e.command.as_deref());
-            let finding = if runs_agent(command) && !command.contains(&"--detach".to_owned()) {
+            // `agent --detach` as a command would return at once: only the hook's is an agent.
+            let detaches = command.iter().take_while(|a| *a != "--").any(|a| a == "--detach");
+            let finding = if runs_agent(command) && !detaches {
                 format!("exec probes on container {name} run inside it through podprobe's exec agent, its main process (no apiserver request per attempt)")
             } else if hook.is_some_and(runs_agent) {
                 format!("exec probes on container {name} run inside it through podprobe's exec agent, started beside its image's entrypoint by its postStart hook (no apiserver request per attempt)")
@@ -669,7 +671,7 @@ mod tests {
             Some([(PODPROBE_ANNOTATION.to_owned(), probes.to_owned())].into());
         f.pod.spec = Some(
             serde_json::from_value(json!({"containers": [
-                {"name": "agent", "command": [AGENT_BINARY, "agent", "--socket", "/podprobe-agent/agent.sock", "--", "/srv"]},
+                {"name": "agent", "command": [AGENT_BINARY, "agent", "--socket", "/podprobe-agent/agent.sock", "--", "/srv", "--detach"]},
                 {"name": "plain", "lifecycle": {"postStart": {"exec": {"command": ["/warm-up"]}}}},
                 {"name": "beside", "lifecycle": {"postStart": {"exec": {"command": [AGENT_BINARY, "agent", "--socket", "/podprobe-agent-socket/agent.sock", "--detach"]}}}},
                 {"name": "late"}, {"name": "tcp"}, {"name": "podprobe"}]}))
