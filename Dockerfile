@@ -27,6 +27,8 @@ RUN hack/build-static.sh ${TARGETARCH} /dist
 FROM ${SIDECAR_BASE} AS sidecar
 COPY hack/image/etc/ /etc/
 COPY --from=binaries /dist/podprobe /usr/local/bin/podprobe
+# The exec agent alone, which `podprobe install-agent` copies into app containers.
+COPY --from=binaries /dist/podprobe-agent /usr/local/bin/podprobe-agent
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/podprobe"]
 CMD ["run"]

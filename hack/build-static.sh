@@ -3,12 +3,14 @@
 # `binaries` stage runs, what the tests and hack/release.sh build the images from.
 #
 #   hack/build-static.sh --toolchain ARCH   install what building for ARCH needs (Debian, rustup)
-#   hack/build-static.sh ARCH OUT           build into OUT/podprobe and OUT/podprobe-manager
+#   hack/build-static.sh ARCH OUT           build into OUT/podprobe, OUT/podprobe-agent and
+#                                           OUT/podprobe-manager
 #   hack/build-static.sh ARCH OUT --plugin  also OUT/kubectl-podprobe (the release's krew archives)
 #
 # ARCH is Docker's TARGETARCH: amd64 or arm64, from either host (Debian's cross gcc compiles
 # ring's C and assembly and links). CARGO_TARGET_DIR is honoured.
 #   podprobe          --profile sidecar --no-default-features (size first: it runs in every pod)
+#   podprobe-agent    the same build, linked non-PIE (the exec agent the sidecar image carries)
 #   podprobe-manager  --profile manager (release, stripped)
 #   kubectl-podprobe  --profile manager, in the manager's cargo invocation (below)
 # Each build has a stamp of its own: it is rebuilt only when its own inputs change. Each is
@@ -129,13 +131,13 @@ build_if_changed() {
     # trusts times, and a build from another checkout into this target directory (CI's clone,
     # a second work tree) can be newer than an edit here: cargo kept the old binary and this
     # script recorded it under the new key, so a test ran stale code.
-    for command in "$@"; do # each command's profile: "--profile NAME ..."
-      command="${command#--profile }"
+    for command in "$@"; do # each command's profile: "build|rustc --profile NAME ..."
+      command="${command#* --profile }"
       cargo clean --quiet --target "$target" --profile "${command%% *}" "${crates[@]}"
     done
     for command in "$@"; do
       # shellcheck disable=SC2086 # one command's words
-      cargo auditable build --locked --target "$target" $command
+      cargo auditable ${command%% *} --locked --target "$target" ${command#* }
     done
     stamp_of "$key" "${binaries[@]}" >"$stamp"
   fi
@@ -149,11 +151,17 @@ build_if_changed() {
 }
 
 mkdir -p "$out"
-# The sidecar (examples/game-server-pod.yaml: its `check` command's built-in example).
+# The sidecar (examples/game-server-pod.yaml: its `check` command's built-in example), and the
+# exec agent alone, which the sidecar image carries for the injected init container to copy
+# into app containers. The agent is linked as a non-PIE static executable: a static PIE
+# relocates its pointer tables at start, and those pages (170 KiB) become anonymous memory,
+# charged to the game container once per agent process. It shares the sidecar's library
+# build (same profile and features): one compilation, two links.
 build_if_changed sidecar podprobe-static.inputs src examples/game-server-pod.yaml -- \
-  sidecar/podprobe -- \
+  sidecar/podprobe sidecar/podprobe-agent -- \
   podprobe podprobe-protocol podprobe-ops -- \
-  "--profile sidecar --no-default-features -p podprobe --bin podprobe"
+  "build --profile sidecar --no-default-features -p podprobe --bin podprobe" \
+  "rustc --profile sidecar --no-default-features -p podprobe --bin podprobe-agent -- -C relocation-model=static"
 # The manager, with the plugin when asked, in one cargo invocation. Built apart, the plugin's
 # dependencies compiled a second time (rustls, hyper, tracing, kube and twenty more, with fewer
 # features enabled: 1-2 minutes per architecture when cold). The plugin's features of every
@@ -162,12 +170,12 @@ build_if_changed sidecar podprobe-static.inputs src examples/game-server-pod.yam
 manager_alone=(manager podprobe-manager-static.inputs model manager/src --
   manager/podprobe-manager --
   podprobe-manager podprobe-model podprobe-protocol podprobe-ops --
-  "--profile manager -p podprobe-manager --bin podprobe-manager")
+  "build --profile manager -p podprobe-manager --bin podprobe-manager")
 manager_and_plugin=("manager and plugin" podprobe-manager-plugin-static.inputs model manager/src
   kubectl-podprobe/src --
   manager/podprobe-manager manager/kubectl-podprobe --
   podprobe-manager kubectl-podprobe podprobe-model podprobe-protocol podprobe-ops --
-  "--profile manager -p podprobe-manager -p kubectl-podprobe --bin podprobe-manager --bin kubectl-podprobe")
+  "build --profile manager -p podprobe-manager -p kubectl-podprobe --bin podprobe-manager --bin kubectl-podprobe")
 if [ "$plugin" = 1 ] || CHECK_ONLY=1 build_if_changed "${manager_and_plugin[@]}"; then
   # Without --plugin, a current build of both (hack/setup-tests.sh's) serves the manager
   # rather than building it again alone; OUT then holds the plugin too.

@@ -74,9 +74,11 @@ fi
 for arch in amd64 arm64; do
   echo "== binaries for $arch (hack/build-static.sh)"
   hack/build-static.sh "$arch" "$out/$arch/dist" --plugin
-  # Each image holds one of these binaries and nothing else that has dependencies: its SBOM
-  # is the binary's, read from the crate list cargo-auditable embedded (CycloneDX).
-  for binary in podprobe podprobe-manager kubectl-podprobe; do
+  # Each image holds these binaries and nothing else that has dependencies: its SBOM is its
+  # binaries', read from the crate lists cargo-auditable embedded (CycloneDX). The sidecar
+  # image holds two, podprobe and podprobe-agent (the exec agent, built from a subset of the
+  # sidecar's crates).
+  for binary in podprobe podprobe-agent podprobe-manager kubectl-podprobe; do
     "$syft" scan "file:$out/$arch/dist/$binary" --quiet \
       --source-name "$binary" --source-version "$version" \
       -o "cyclonedx-json=$out/$binary-linux-$arch.cdx.json"

@@ -15,20 +15,15 @@ use podprobe::exec_agent;
 use podprobe::pod::PodIdentity;
 use podprobe::probe::AgentExec;
 use podprobe::sidecar::{self, RepairPolicy, SidecarOptions};
-use podprobe_ops::entry::{self, LogFormat};
+use podprobe_ops::entry::{self, LogFlags};
 
 /// Runs OpenKruise PodProbeMarker probes (the kruise.io/podprobe annotation) from inside a pod
 /// and writes their results as pod conditions.
 #[derive(Debug, Parser)]
 #[command(name = "podprobe", version, propagate_version = true)]
 struct Cli {
-    /// Log filter, e.g. `info`, `debug`, `podprobe=debug` (RUST_LOG syntax; RUST_LOG wins).
-    #[arg(long, global = true, default_value = "info", env = "PODPROBE_LOG")]
-    log_level: String,
-
-    /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogFlags,
 
     #[command(subcommand)]
     command: Command,
@@ -58,27 +53,13 @@ enum Command {
         output: Output,
     },
 
-    /// Run as the exec agent of an app container, which runs the sidecar's exec probes in that
-    /// container on request over a Unix socket: as the kubelet would, without an apiserver
-    /// request. The manager's injection sets it up one of two ways.
-    ///
-    /// `podprobe agent --socket PATH -- COMMAND…` is the container's command when the pod spec
-    /// gives one: COMMAND runs as the agent's child with the container's own stdio, environment
-    /// and working directory; the signals the container receives reach COMMAND as they would
-    /// have as PID 1 (all but the ones a process sends itself); every orphan is reaped; the
-    /// container's exit code is COMMAND's (128 + the signal's number when a signal ended it).
-    /// Probes are served by a child process of the agent's, started again when it ends, so a
-    /// fault in serving never stops COMMAND. If the socket cannot be served, COMMAND still
-    /// runs (exec probes then fail with the reason).
-    ///
-    /// `podprobe agent --socket PATH --detach` is the container's postStart hook when the
-    /// container runs its image's entrypoint: it starts the agent beside the container's own
-    /// process and returns once it serves, always with exit code 0 (a failing postStart hook
-    /// would kill the container); the agent logs to the container's log.
-    Agent(AgentArgs),
+    Agent(exec_agent::AgentArgs),
 
-    /// Copy this binary to DEST (mode 0755), for the exec agent: the injected init container
-    /// runs this to put the agent on the volume the app containers share with the sidecar.
+    /// Copy the exec agent to DEST (mode 0755): the injected init container runs this to put
+    /// the agent on the volume the app containers share with the sidecar. The agent is
+    /// `podprobe-agent` beside this binary, as the sidecar image has it (`podprobe agent`
+    /// alone, a fraction of this binary's size and memory), or this binary where it has no
+    /// such neighbour.
     InstallAgent {
         /// Where the copy goes, e.g. /podprobe-agent/podprobe.
         dest: PathBuf,
@@ -86,42 +67,6 @@ enum Command {
 
     /// Print the version.
     Version,
-}
-
-/// Flags of `podprobe agent`.
-#[derive(Debug, clap::Args)]
-struct AgentArgs {
-    /// The Unix socket to serve the sidecar's exec probes on (replaced if it exists).
-    #[arg(long)]
-    socket: PathBuf,
-
-    /// Where a command that cannot start is explained: the container's
-    /// `terminationMessagePath`, which the kubelet shows as the container's last termination
-    /// message (`kubectl describe pod`), as it showed the runtime's StartError before the agent.
-    #[arg(long, default_value = "/dev/termination-log", value_name = "PATH")]
-    termination_log: PathBuf,
-
-    /// Start the agent beside the container's own process instead of running COMMAND under
-    /// it (for a container's postStart hook); returns once it serves (within 10 s), always 0.
-    #[arg(long, conflicts_with_all = ["command", "serve_for"])]
-    detach: bool,
-
-    /// Serve exec probes only: the probe server that the agent runs as its child, or that
-    /// `--detach` leaves running.
-    #[arg(long, hide = true, value_enum, conflicts_with = "command")]
-    serve_for: Option<exec_agent::ServeFor>,
-
-    /// The agent that started this probe server.
-    #[arg(long, hide = true, requires = "serve_for")]
-    parent_pid: Option<u32>,
-
-    /// The container's own command and arguments.
-    #[arg(
-        required_unless_present_any = ["detach", "serve_for"],
-        last = true,
-        value_name = "COMMAND"
-    )]
-    command: Vec<String>,
 }
 
 /// Flags of `podprobe check`.
@@ -360,11 +305,7 @@ impl From<Repair> for RepairPolicy {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(e) = entry::init_logging(&cli.log_level, cli.log_format) {
-        // A typo in a log filter must not stop probing: a crash-looping sidecar probes nothing.
-        let _ = entry::init_logging("info", cli.log_format);
-        tracing::warn!("{e}; logging at info");
-    }
+    cli.log.init();
     // One thread is plenty: probes wait on sockets and child processes, never on the CPU, and
     // every extra thread costs the sidecar memory (stacks, allocator arenas) in every pod.
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -404,18 +345,16 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     })
             }
-            Command::Agent(args) if args.detach => exec_agent::detach(&args.socket).await,
-            Command::Agent(AgentArgs {
-                socket,
-                serve_for: Some(role),
-                parent_pid,
-                ..
-            }) => exec_agent::serve(&socket, role, parent_pid).await,
-            Command::Agent(args) => {
-                exec_agent::run(&args.socket, &args.termination_log, &args.command).await
-            }
+            Command::Agent(args) => args.run().await,
             Command::InstallAgent { dest } => match exec_agent::install(&dest) {
-                Ok(()) => ExitCode::SUCCESS,
+                Ok(source) => {
+                    eprintln!(
+                        "podprobe install-agent: copied {} to {}",
+                        source.display(),
+                        dest.display()
+                    );
+                    ExitCode::SUCCESS
+                }
                 Err(e) => {
                     eprintln!("podprobe install-agent: {e}");
                     ExitCode::FAILURE

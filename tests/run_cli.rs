@@ -47,3 +47,63 @@ fn a_bad_repair_policy_in_the_environment_is_refused_naming_the_choices() {
         "{err}"
     );
 }
+
+/// `podprobe install-agent` (the injected init container) copies the exec agent alone when it
+/// is beside the sidecar binary, as in the sidecar image, and the sidecar binary itself when
+/// it stands alone; either copy answers `agent`, with the same flags.
+#[test]
+fn install_agent_copies_the_agent_alone_beside_it_or_else_itself() {
+    let version = |binary: &std::path::Path| {
+        let out = Command::new(binary).arg("version").output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let agent_help = |binary: &std::path::Path| {
+        let out = Command::new(binary)
+            .args(["agent", "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let sidecar = std::path::Path::new(env!("CARGO_BIN_EXE_podprobe"));
+    let alone = std::path::Path::new(env!("CARGO_BIN_EXE_podprobe-agent"));
+    assert_eq!(
+        sidecar.parent(),
+        alone.parent(),
+        "cargo puts both bins together"
+    );
+
+    let volume = tempfile::tempdir().unwrap();
+    let dest = volume.path().join("podprobe");
+    let out = Command::new(sidecar)
+        .arg("install-agent")
+        .arg(&dest)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("podprobe-agent"),
+        "says what it copied: {out:?}"
+    );
+    assert!(version(&dest).starts_with("podprobe-agent "));
+    assert_eq!(std::fs::read(&dest).unwrap(), std::fs::read(alone).unwrap());
+    assert_eq!(agent_help(&dest), agent_help(sidecar));
+
+    // A sidecar binary without the agent beside it copies itself.
+    let lone_dir = tempfile::tempdir().unwrap();
+    let lone = lone_dir.path().join("podprobe");
+    std::fs::copy(sidecar, &lone).unwrap();
+    let dest = volume.path().join("itself");
+    let out = Command::new(&lone)
+        .arg("install-agent")
+        .arg(&dest)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        version(&dest).starts_with("podprobe "),
+        "{}",
+        version(&dest)
+    );
+}

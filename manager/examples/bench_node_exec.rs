@@ -40,6 +40,10 @@
 //! shape: in `api`, `pods/exec` goes through the library to the provider's CRI exec; the
 //! provider's CPU is in the node's figure.
 //!
+//! After the probed window, the exec agent's processes in each game container are counted,
+//! with their anonymous memory (`RssAnon`, charged to the game container's memory cgroup) and
+//! the size of the agent's binary on the pod's volume.
+//!
 //! Last, one JSON line per path; the lines are appended to `docs/perf/node_exec.jsonl`. Run it
 //! on an otherwise quiet machine:
 //!
@@ -70,9 +74,11 @@ use testkit::real::{ControlPlane, Node, NodeOptions, VirtualAgent};
 
 use installed::NS;
 use on_node::usage::{
-    cluster_markers, container_cpu, machine_busy, processes_cpu, processes_cpu_by_name,
+    AgentCost, agent_cost, cluster_markers, container_cpu, machine_busy, processes_cpu,
+    processes_cpu_by_name,
 };
 use on_node::{PROCFS_INJECTION, SIDECAR, container_id};
+use podprobe_manager::inject::agent::AGENT_BINARY;
 
 /// The idle recipe's probe period.
 const PERIOD_SECONDS: u64 = 2;
@@ -246,6 +252,11 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
     eprintln!("{}: {n} game servers with the idle probe", path.name());
     let probed = bench.start_pods("game", n, true).await;
     let busy = bench.measure(&probed, args.seconds).await;
+    // After the probed window: what serving the probes has made the agents allocate is in.
+    let agents: Vec<AgentCost> = probed
+        .iter()
+        .map(|p| agent_cost(&node, &p.game, AGENT_BINARY))
+        .collect();
     bench.delete_pods("game").await;
     let leftovers = node.stop(cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
@@ -264,6 +275,11 @@ async fn measure_path(path: ExecPath, args: &Args) -> serde_json::Value {
         ExecPath::Procfs => false,
     });
     line["node"] = json!(if virtual_node { "vk-cri" } else { "kubelet" });
+    let per_pod = |total: u64| total as f64 / agents.len().max(1) as f64;
+    line["agent_processes_per_pod"] = json!(per_pod(agents.iter().map(|a| a.processes).sum()));
+    line["agent_anon_kib_per_pod"] =
+        json!((per_pod(agents.iter().map(|a| a.anon_bytes).sum()) / 1024.0).round());
+    line["agent_file_bytes"] = json!(agents.iter().map(|a| a.file_bytes).max());
     line
 }
 

@@ -10,6 +10,30 @@ pub enum LogFormat {
     Json,
 }
 
+/// `--log-level` and `--log-format`: the podprobe binaries' global logging flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LogFlags {
+    /// Log filter, e.g. `info`, `debug`, `podprobe=debug` (RUST_LOG syntax; RUST_LOG wins).
+    #[arg(long, global = true, default_value = "info", env = "PODPROBE_LOG")]
+    pub log_level: String,
+
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl LogFlags {
+    /// Starts logging as the flags say; a filter that is not valid is said, and logging runs
+    /// at `info`: a typo in a log filter must not stop the process (a crash-looping sidecar
+    /// probes nothing).
+    pub fn init(&self) {
+        if let Err(e) = init_logging(&self.log_level, self.log_format) {
+            let _ = init_logging("info", self.log_format);
+            tracing::warn!("{e}; logging at info");
+        }
+    }
+}
+
 /// Logs to stderr at `level` (`RUST_LOG` wins when set) in `format`. A `level` that is not a
 /// valid filter is an error naming the flag.
 pub fn init_logging(level: &str, format: LogFormat) -> Result<(), String> {

@@ -38,12 +38,14 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::probe::reaper;
 
 mod beside;
+mod cli;
 mod server;
 mod serving;
 mod signals;
 mod terminal;
 
 pub use beside::detach;
+pub use cli::AgentArgs;
 pub use server::{ServeFor, serve};
 
 /// Runs `command` as the container's main process and serves exec probes on `socket` until
@@ -166,25 +168,42 @@ fn bind(socket: &Path) -> io::Result<UnixListener> {
 pub enum InstallError {
     #[error("cannot find this binary to copy it: {0}")]
     Locate(#[source] io::Error),
-    #[error("cannot copy the agent to {dest}: {source} (is the agent volume mounted there?)")]
+    #[error(
+        "cannot copy the agent {source_path} to {dest}: {source} (is the agent volume mounted there?)"
+    )]
     Copy {
+        source_path: PathBuf,
         dest: PathBuf,
         #[source]
         source: io::Error,
     },
 }
 
-/// Copies this binary to `dest`, executable by every user; through a temporary name, so a
-/// container never starts a half-written agent.
-pub fn install(dest: &Path) -> Result<(), InstallError> {
-    let source = std::env::current_exe().map_err(InstallError::Locate)?;
-    let copy_error = |source| InstallError::Copy {
+/// The file name of the exec agent alone (`src/bin/podprobe-agent.rs`), beside the sidecar's
+/// binary in its image.
+pub const AGENT_ALONE: &str = "podprobe-agent";
+
+/// Copies the exec agent to `dest`, executable by every user; through a temporary name, so a
+/// container never starts a half-written agent. The agent is [`AGENT_ALONE`] beside this
+/// binary, as the sidecar image has it (a fraction of this binary's size and memory); this
+/// binary itself, which has `podprobe agent` too, where it has no such neighbour (a build of
+/// its own). Returns which file was copied.
+pub fn install(dest: &Path) -> Result<PathBuf, InstallError> {
+    let this = std::env::current_exe().map_err(InstallError::Locate)?;
+    let source = this
+        .parent()
+        .map(|dir| dir.join(AGENT_ALONE))
+        .filter(|alone| alone.is_file() && *alone != this)
+        .unwrap_or(this);
+    let copy_error = |error| InstallError::Copy {
+        source_path: source.clone(),
         dest: dest.to_owned(),
-        source,
+        source: error,
     };
     let partial = dest.with_extension("partial");
     std::fs::copy(&source, &partial).map_err(copy_error)?;
     std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
         .map_err(copy_error)?;
-    std::fs::rename(&partial, dest).map_err(copy_error)
+    std::fs::rename(&partial, dest).map_err(copy_error)?;
+    Ok(source)
 }

@@ -25,6 +25,8 @@ fn binaries() -> [(Platform, PathBuf); 2] {
 
 struct Elf {
     machine: u16,
+    /// `e_type`: 2 for an executable at a fixed address, 3 for a position-independent one.
+    kind: u16,
     interpreter: bool,
 }
 
@@ -47,6 +49,7 @@ fn elf(path: &Path) -> Elf {
     });
     Elf {
         machine: u16_at(0x12),
+        kind: u16_at(0x10),
         interpreter,
     }
 }
@@ -54,7 +57,7 @@ fn elf(path: &Path) -> Elf {
 #[test]
 fn both_architectures_build_static_binaries_of_their_machine() {
     for (platform, dist) in binaries() {
-        for binary in ["podprobe", "podprobe-manager"] {
+        for binary in ["podprobe", "podprobe-agent", "podprobe-manager"] {
             let path = dist.join(binary);
             let elf = elf(&path);
             assert_eq!(
@@ -65,6 +68,17 @@ fn both_architectures_build_static_binaries_of_their_machine() {
                 elf.machine
             );
             assert!(!elf.interpreter, "{} is dynamically linked", path.display());
+            // The agent runs in every game container that has it: linked at a fixed address,
+            // its pointer tables are not relocated into anonymous memory at start
+            // (hack/build-static.sh). The others stay position-independent.
+            let fixed = binary == "podprobe-agent";
+            assert_eq!(
+                elf.kind,
+                if fixed { 2 } else { 3 },
+                "{}: ELF type {}",
+                path.display(),
+                elf.kind
+            );
             let size = std::fs::metadata(&path).unwrap().len();
             println!(
                 "{binary} {}: {size} bytes ({:.1} MiB)",
@@ -119,6 +133,25 @@ fn the_shipped_binaries_run_and_the_sidecar_has_no_demo() {
             Some(2),
             "`podprobe demo` must be unknown"
         );
+        let agent_version = run("podprobe-agent", "version");
+        assert!(agent_version.status.success(), "{agent_version:?}");
+        assert!(String::from_utf8_lossy(&agent_version.stdout).starts_with("podprobe-agent "));
+        let sidecar = run("podprobe-agent", "run");
+        assert_eq!(
+            sidecar.status.code(),
+            Some(2),
+            "the agent alone has no `run`: {sidecar:?}"
+        );
+        // The agent's real job: the command runs under it and its exit code is the agent's.
+        let sockets = tempfile::tempdir().unwrap();
+        let wrapped = run_on(platform, &dist.join("podprobe-agent"))
+            .arg("agent")
+            .arg("--socket")
+            .arg(sockets.path().join("agent.sock"))
+            .args(["--", "sh", "-c", "exit 7"])
+            .output()
+            .unwrap();
+        assert_eq!(wrapped.status.code(), Some(7), "{wrapped:?}");
         let help = run("podprobe-manager", "--help");
         assert!(help.status.success(), "{help:?}");
         assert!(String::from_utf8_lossy(&help.stdout).contains("run"));

@@ -141,3 +141,42 @@ pub fn passive_opens(pid: u32) -> u64 {
 pub fn file_len_in(pid: u32, path: &str) -> u64 {
     std::fs::metadata(format!("/proc/{pid}/root{path}")).map_or(0, |m| m.len())
 }
+
+/// What the exec agent takes in a game container: its processes there (the agent wrapping
+/// the command and its probe server, or the probe server beside the entrypoint), their
+/// anonymous memory (`RssAnon`: what they charge to the container's memory cgroup beyond the
+/// binary's file pages) and the size of the binary they run (the copy on the pod's volume).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AgentCost {
+    pub processes: u64,
+    pub anon_bytes: u64,
+    pub file_bytes: u64,
+}
+
+/// [`AgentCost`] of the container `id`: its processes that run `binary` (the agent's path as
+/// the container sees it).
+pub fn agent_cost(node: &Node, id: &str, binary: &str) -> AgentCost {
+    let procs = super::memory_cgroup(node, id).join("cgroup.procs");
+    let procs =
+        std::fs::read_to_string(&procs).unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
+    let mut cost = AgentCost::default();
+    for pid in procs.lines() {
+        let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+        // A process may end meanwhile (a probe's command): it is not the agent then.
+        if std::fs::read_link(&exe).ok().as_deref() != Some(Path::new(binary)) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no RssAnon in /proc/{pid}/status"));
+        cost.processes += 1;
+        cost.anon_bytes += kib * 1024;
+        cost.file_bytes = std::fs::metadata(&exe).map_or(0, |m| m.len());
+    }
+    cost
+}

@@ -1,0 +1,56 @@
+//! `podprobe-agent`: podprobe's exec agent alone, what the injected init container copies into
+//! every app container that gets the agent. It is `podprobe agent` with the same flags and
+//! code ([`podprobe::exec_agent`]), without the sidecar's Kubernetes client, TLS, HTTP and gRPC
+//! probes: a fraction of the sidecar's size on each pod's disk, and less memory in the game
+//! container.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use podprobe::exec_agent::AgentArgs;
+use podprobe_ops::entry::LogFlags;
+
+/// podprobe's exec agent, alone: runs the podprobe sidecar's exec probes inside an app
+/// container (`podprobe agent`, the same flags as the sidecar binary's).
+#[derive(Debug, Parser)]
+#[command(name = "podprobe", version, propagate_version = true)]
+struct Cli {
+    #[command(flatten)]
+    log: LogFlags,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Agent(AgentArgs),
+
+    /// Print the version.
+    Version,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    cli.log.init();
+    let args = match cli.command {
+        Command::Agent(args) => args,
+        Command::Version => {
+            println!("podprobe-agent {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+    };
+    // One thread: the agent waits on a socket, signals and child processes, and every extra
+    // thread would be memory charged to the game container.
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(args.run()),
+        Err(e) => {
+            eprintln!("podprobe agent: cannot start the async runtime: {e}");
+            ExitCode::from(70)
+        }
+    }
+}
