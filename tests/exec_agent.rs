@@ -362,7 +362,7 @@ impl InitAgent {
     /// and returns once the command has created `{dir}/ready`.
     async fn start(command: &[&str]) -> InitAgent {
         let agent = [
-            env!("CARGO_BIN_EXE_podprobe"),
+            env!("CARGO_BIN_EXE_podprobe-agent"),
             "agent",
             "--socket",
             "{dir}/agent.sock",
@@ -372,7 +372,7 @@ impl InitAgent {
         InitAgent::start_as_pid_1(&argv).await
     }
 
-    /// Runs `argv` (its `{dir}` replaced, `{bin}` the podprobe binary) as PID 1 of a new PID
+    /// Runs `argv` (its `{dir}` replaced, `{bin}` the agent's binary, as containers run it) as PID 1 of a new PID
     /// namespace, its stderr the namespace's log, and returns once it has created
     /// `{dir}/ready`.
     async fn start_as_pid_1(argv: &[&str]) -> InitAgent {
@@ -381,7 +381,7 @@ impl InitAgent {
             .iter()
             .map(|arg| {
                 arg.replace("{dir}", &dir.path().display().to_string())
-                    .replace("{bin}", env!("CARGO_BIN_EXE_podprobe"))
+                    .replace("{bin}", env!("CARGO_BIN_EXE_podprobe-agent"))
             })
             .collect();
         let mut unshare = Command::new("unshare");
@@ -442,8 +442,13 @@ impl InitAgent {
     }
 
     async fn until_logged(&self, text: &str) {
+        self.until_logged_times(text, 1).await;
+    }
+
+    /// Waits until the log says `text` `times` times or more.
+    async fn until_logged_times(&self, text: &str, times: usize) {
         let deadline = tokio::time::Instant::now() + 10 * SEC;
-        while !self.log().contains(text) {
+        while self.log().matches(text).count() < times {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the agent did not log {text:?}: {}",
@@ -625,13 +630,18 @@ fn children(pid: Pid) -> Vec<i32> {
 
 /// The agent's probe server, its child that serves the socket.
 fn probe_server(agent: Pid) -> i32 {
-    let serves = |pid: &i32| {
+    child_with(agent, "--serve-for")
+}
+
+/// `parent`'s one child whose command line has `flag`.
+fn child_with(parent: Pid, flag: &str) -> i32 {
+    let has_flag = |pid: &i32| {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        cmdline.split(|b| *b == 0).any(|arg| arg == b"--serve-for")
+        cmdline.split(|b| *b == 0).any(|arg| arg == flag.as_bytes())
     };
-    let servers: Vec<i32> = children(agent).into_iter().filter(serves).collect();
-    assert_eq!(servers.len(), 1, "the agent's probe servers: {servers:?}");
-    servers[0]
+    let found: Vec<i32> = children(parent).into_iter().filter(has_flag).collect();
+    assert_eq!(found.len(), 1, "{parent}'s children with {flag}: {found:?}");
+    found[0]
 }
 
 /// Waits until the pid written to `file` (atomically) is `adopter`'s child, then until it is
@@ -695,7 +705,7 @@ async fn started_with_sigchld_blocked_the_agent_still_sees_its_command_exit() {
         .args([
             "-c",
             launcher,
-            env!("CARGO_BIN_EXE_podprobe"),
+            env!("CARGO_BIN_EXE_podprobe-agent"),
             "agent",
             "--socket",
         ])
@@ -762,7 +772,7 @@ async fn run_to_exit(
     termination_log: &Path,
     command: &[&str],
 ) -> (Pid, Option<WaitStatus>) {
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_podprobe"));
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_podprobe-agent"));
     agent
         .args(["agent", "--socket"])
         .arg(socket)
@@ -991,6 +1001,42 @@ async fn a_hook_whose_agent_cannot_serve_still_returns_0_and_the_log_says_why() 
     );
 }
 
+/// Beside the image's entrypoint, as when wrapping a command, probes are served by a process
+/// of their own under a supervisor (the one the hook leaves running): a server that dies is
+/// started again and probes are answered again, and the game, PID 1, never notices.
+#[tokio::test]
+async fn beside_the_entrypoint_a_probe_server_that_dies_is_started_again() {
+    let game = "import pathlib, signal, subprocess\n\
+                d = pathlib.Path('{dir}')\n\
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})\n\
+                subprocess.run(['{bin}', 'agent', '--socket', str(d / 'agent.sock'), '--detach'])\n\
+                (d / 'ready').touch()\n\
+                signal.sigwait({signal.SIGTERM})\n\
+                raise SystemExit(3)\n";
+    let game = InitAgent::start_as_pid_1(&["python3", "-c", game]).await;
+    let socket = game.dir.path().join("agent.sock");
+    let answered = Response::Observed {
+        outcome: Outcome::Succeeded,
+        message: "up".into(),
+    };
+    assert_eq!(ask(&socket, &["printf", "up"]).await, answered);
+
+    // The hook is gone; its supervisor is the game's (PID 1's) adopted child.
+    let supervisor = Pid::from_raw(child_with(game.pid, "--supervise"));
+    let crashed = child_with(supervisor, "--serve-for");
+    kill(Pid::from_raw(crashed), Signal::SIGABRT).unwrap();
+    game.until_logged("the probe server").await;
+    game.until_logged_times("serving exec probes on", 2).await;
+    assert_eq!(ask(&socket, &["printf", "up"]).await, answered);
+    assert_ne!(child_with(supervisor, "--serve-for"), crashed);
+
+    let unshare = game.unshare;
+    assert_eq!(
+        game.stopped_by(libc_signal(Signal::SIGTERM)).await,
+        Some(WaitStatus::Exited(unshare, 3))
+    );
+}
+
 /// One request on `socket` from this process (the sidecar's place): the agent's answer.
 async fn ask(socket: &Path, argv: &[&str]) -> Response {
     let mut stream = tokio::net::UnixStream::connect(socket).await.unwrap();
@@ -1014,15 +1060,7 @@ async fn a_probe_server_that_crashes_or_hangs_never_stops_the_command() {
     ])
     .await;
     let socket = agent.dir.path().join("agent.sock");
-    let served = |n: usize| {
-        let log = agent.log();
-        log.matches("serving exec probes on").count() >= n
-    };
-    let deadline = tokio::time::Instant::now() + 10 * SEC;
-    while !served(1) {
-        assert!(tokio::time::Instant::now() < deadline, "{}", agent.log());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    agent.until_logged("serving exec probes on").await;
     let answered = Response::Observed {
         outcome: Outcome::Succeeded,
         message: "up".into(),
@@ -1033,11 +1071,7 @@ async fn a_probe_server_that_crashes_or_hangs_never_stops_the_command() {
     // SIGABRT, as a panic in the shipped build (`panic = "abort"`) ends it.
     kill(Pid::from_raw(crashed), Signal::SIGABRT).unwrap();
     agent.until_logged("the probe server").await;
-    let deadline = tokio::time::Instant::now() + 10 * SEC;
-    while !served(2) {
-        assert!(tokio::time::Instant::now() < deadline, "{}", agent.log());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    agent.until_logged_times("serving exec probes on", 2).await;
     assert_eq!(ask(&socket, &["printf", "up"]).await, answered);
     let hung = probe_server(agent.pid);
     assert_ne!(hung, crashed);
@@ -1083,7 +1117,7 @@ while True:
     python
         .args(["-c", terminal])
         .arg(dir.path())
-        .arg(env!("CARGO_BIN_EXE_podprobe"))
+        .arg(env!("CARGO_BIN_EXE_podprobe-agent"))
         .process_group(0);
     let (child, exit) = reaper::spawn(&mut python).unwrap();
     let _group = KillGroupOnDrop(Pid::from_raw(child.id() as i32));

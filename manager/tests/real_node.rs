@@ -371,6 +371,45 @@ async fn stopped_gracefully_and_probed_again(
     .await;
 }
 
+/// A fault in probe serving on the real node. The probe server crashes (SIGABRT, as a panic
+/// ends the shipped build): the game server runs on, the agent starts another server, and the
+/// probe flips through it. Then the new server hangs (SIGSTOP), for the caller to stop the
+/// container gracefully all the same.
+async fn probe_server_crashes_then_hangs(
+    node: &testkit::real::Node,
+    pods: &Api<Pod>,
+    name: &str,
+    game: &str,
+) {
+    signal_probe_server(node, game, "ABRT");
+    ctr_exec(node, game, "idle-after-crash", "touch /var/run/game/idle");
+    wait_for(pods, name, "idle through a new probe server", |p| {
+        condition_status(p, IDLE).as_deref() == Some("True")
+    })
+    .await;
+    let log = logs(pods, name, "game").await;
+    assert!(
+        log.contains("the probe server (pid") && log.contains("SIGABRT"),
+        "{log}"
+    );
+    ctr_exec(node, game, "busy-after-crash", "rm /var/run/game/idle");
+    wait_for(pods, name, "busy through the new probe server", |p| {
+        condition_status(p, IDLE).as_deref() == Some("False")
+    })
+    .await;
+    signal_probe_server(node, game, "STOP");
+}
+
+/// Sends `signal` to the one probe server in the container `game`: its process with
+/// `--parent-pid` (a pattern this script's own command line does not match).
+fn signal_probe_server(node: &testkit::real::Node, game: &str, signal: &str) {
+    let script = format!(
+        "n=0; for p in /proc/[0-9]*; do if grep -q 'parent-[p]id' $p/cmdline 2>/dev/null; then \
+         kill -{signal} ${{p#/proc/}}; n=$((n+1)); fi; done; test $n = 1"
+    );
+    ctr_exec(node, game, &format!("probe-server-{signal}"), &script);
+}
+
 /// All `pods/exec` requests the apiserver has served.
 async fn pods_exec_requests(cp: &testkit::real::ControlPlane) -> u64 {
     let counts = testkit::real::metrics::request_counts(&cp.metrics().await.unwrap());
@@ -422,6 +461,7 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
         condition_status(p, IDLE).as_deref() == Some("False")
     })
     .await;
+    probe_server_crashes_then_hangs(&node, &pods, "game-agent", &game).await;
     let after = pods_exec_requests(cp).await;
     assert_eq!(after.saturating_sub(before), 0, "pods/exec requests");
     // The control: the count does count a pods/exec.
@@ -433,7 +473,7 @@ async fn exec_probes_run_through_the_agent_in_the_game_container_as_installed() 
 
     // The runtime stops the container as the kubelet does, SIGTERM to its main process: the
     // agent forwards it to tini, tini to the game server, which exits, and the container's
-    // exit is the game server's.
+    // exit is the game server's; its probe server hangs meanwhile.
     stopped_gracefully_and_probed_again(&node, &pods, "game-agent", &game).await;
 
     // A command that cannot start: the container ends as a shell would say (127), and why is
@@ -504,6 +544,7 @@ async fn exec_probes_run_through_the_agent_beside_the_images_entrypoint_as_insta
         condition_status(p, IDLE).as_deref() == Some("False")
     })
     .await;
+    probe_server_crashes_then_hangs(&node, &pods, "game-beside", &game).await;
     assert_eq!(
         pods_exec_requests(cp).await.saturating_sub(before),
         0,

@@ -8,21 +8,21 @@
 //!
 //! The hook must never fail: the kubelet kills a container whose `postStart` hook fails, and
 //! a game server must not die because its probes cannot be served. So the hook process starts
-//! the agent (the same binary, `--serve-for hook`), waits until it serves or says why it cannot (at
-//! most [`READY_WITHIN`]), and exits 0 either way. The agent writes its log to the container's
-//! own log (PID 1's stderr, where `kubectl logs` reads), as the agent wrapping a command does;
-//! the hook's own output is read by nobody when it succeeds. Its standard streams are not the
-//! hook's: the runtime's exec waits until every holder of those pipes has closed them.
+//! the agent's supervisor (the same binary, `--serve-for hook --supervise`), which runs the
+//! probe server and starts it again whenever it ends ([`super::server::supervise`]), as the
+//! agent wrapping a command does; the hook waits until the first server serves or ended
+//! without serving (at most [`READY_WITHIN`]), and exits 0 either way. The agent writes its
+//! log to the container's own log (PID 1's stderr, where `kubectl logs` reads), as the agent
+//! wrapping a command does; the hook's own output is read by nobody when it succeeds. Its
+//! standard streams are not the hook's: the runtime's exec waits until every holder of those
+//! pipes has closed them.
 
 use std::fs::OpenOptions;
 use std::path::Path;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::unix::pipe;
-
-use super::server::{READY, ServeFor, server_args, server_command};
+use super::server::{READY, agent_command, first_line, supervisor_args};
 use crate::probe::reaper;
 
 /// How long the hook waits for the agent to serve: a bind on an `emptyDir` takes
@@ -41,7 +41,7 @@ pub async fn detach(socket: &Path) -> ExitCode {
         .append(true)
         .open(CONTAINER_LOG)
         .map_or_else(|_| Stdio::null(), Stdio::from);
-    let mut agent = match server_command(server_args(ServeFor::Hook)) {
+    let mut agent = match agent_command(supervisor_args()) {
         Ok(command) => command,
         Err(e) => {
             eprintln!("podprobe agent: cannot find this binary to start the agent: {e}");
@@ -49,7 +49,7 @@ pub async fn detach(socket: &Path) -> ExitCode {
         }
     };
     agent.stdout(Stdio::piped()).stderr(log);
-    let (mut child, exit) = match reaper::spawn(&mut agent) {
+    let (mut child, _exit) = match reaper::spawn(&mut agent) {
         Ok(started) => started,
         Err(e) => {
             eprintln!("podprobe agent: cannot start the agent: {e}");
@@ -57,27 +57,16 @@ pub async fn detach(socket: &Path) -> ExitCode {
         }
     };
     let pid = child.id();
-    let ready = async {
-        let stdout = child.stdout.take()?;
-        let pipe = pipe::Receiver::from_owned_fd(stdout.into()).ok()?;
-        let mut line = String::new();
-        BufReader::new(pipe).read_line(&mut line).await.ok()?;
-        Some(line)
-    };
-    match tokio::time::timeout(READY_WITHIN, ready).await {
+    match tokio::time::timeout(READY_WITHIN, first_line(child.stdout.take())).await {
         Ok(Some(line)) if line.trim_end() == READY => {
             eprintln!(
                 "podprobe agent: pid {pid} serves exec probes on {}",
                 socket.display()
             );
         }
-        Ok(_) => {
-            // It ended before serving, and said why in the container's log.
-            let status = tokio::time::timeout(Duration::from_secs(1), exit.wait()).await;
-            eprintln!(
-                "podprobe agent: the agent (pid {pid}) did not serve (status {status:?}); the container runs on, and its exec probes fail: see the container's log"
-            );
-        }
+        Ok(_) => eprintln!(
+            "podprobe agent: the agent (pid {pid}) does not serve yet: see the container's log; the container starts, and the agent tries again"
+        ),
         Err(_) => eprintln!(
             "podprobe agent: the agent (pid {pid}) does not serve after {READY_WITHIN:?}; the container starts, and the agent goes on trying"
         ),

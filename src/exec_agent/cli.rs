@@ -50,6 +50,16 @@ pub struct AgentArgs {
     #[arg(long, hide = true, requires = "serve_for")]
     parent_pid: Option<u32>,
 
+    /// Supervise probe servers for `--serve-for` instead of serving: what the `--detach` hook
+    /// leaves running beside the container's own process.
+    #[arg(
+        long,
+        hide = true,
+        requires = "serve_for",
+        conflicts_with = "parent_pid"
+    )]
+    supervise: bool,
+
     /// The container's own command and arguments.
     #[arg(
         required_unless_present_any = ["detach", "serve_for"],
@@ -66,6 +76,10 @@ impl AgentArgs {
             return super::detach(&self.socket).await;
         }
         match self.serve_for {
+            Some(role) if self.supervise => {
+                super::server::supervise(role, true).await;
+                ExitCode::SUCCESS
+            }
             Some(role) => super::serve(&self.socket, role, self.parent_pid).await,
             None => super::run(&self.socket, &self.termination_log, &self.command).await,
         }

@@ -118,7 +118,7 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
     } else {
         server::ServeFor::Parent
     };
-    tokio::spawn(server::supervise(role));
+    tokio::spawn(server::supervise(role, false));
     match exit.wait().await {
         Some(WaitStatus::Exited(_, code)) => ExitCode::from(code as u8),
         Some(WaitStatus::Signaled(_, sig, _)) => ExitCode::from(128 + sig as u8),

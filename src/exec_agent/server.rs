@@ -10,16 +10,21 @@
 //! process group of its own (a terminal's Ctrl-C is not for it), and adopts the orphans of
 //! the commands it runs.
 //!
-//! Beside an image's entrypoint the server is what the `postStart` hook leaves running
-//! ([`super::beside`]); it announces on its stdout when it serves.
+//! Beside an image's entrypoint the `postStart` hook leaves a supervisor running
+//! ([`super::beside`]), which does for its servers what PID 1 does when wrapping: starts them,
+//! starts them again when they end, and reaps. A server announces on its stdout when it
+//! serves; the supervisor passes its first server's announcement (or that it ended without
+//! serving) on to the hook, which waits for it.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{ChildStdout, Command, ExitCode, Stdio};
 use std::time::Duration;
 
 use clap::ValueEnum;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::unix::pipe;
 use tokio::time::Instant;
 
 use crate::probe::reaper;
@@ -27,14 +32,13 @@ use crate::probe::reaper;
 /// For whom the server serves, which says how it starts and whom it refuses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ServeFor {
-    /// Started by a `postStart` hook, beside the container's own process: announces itself
-    /// on stdout ([`READY`]), outlives the hook, refuses its container's processes.
+    /// Beside the container's own process, under the supervisor that the `postStart` hook
+    /// leaves running: refuses its container's processes.
     Hook,
-    /// Started by the agent that is the container's PID 1: dies with it, refuses its
-    /// container's processes.
+    /// Started by the agent that is the container's PID 1: refuses its container's processes.
     Init,
-    /// Started by an agent that is not PID 1 (a pod sharing its process namespace): dies with
-    /// it, and cannot tell its container's processes from others.
+    /// Started by an agent that is not PID 1 (a pod sharing its process namespace): cannot
+    /// tell its container's processes from others.
     Parent,
 }
 
@@ -54,49 +58,93 @@ const STEADY: Duration = Duration::from_secs(60);
 /// The flag that runs this binary as the server.
 pub(super) const SERVE_FLAG: &str = "--serve-for";
 
-/// This process's own flags (before `--` and the command), for the server it starts: global
-/// flags (the log's level and format) and `--socket` kept, `--detach` left out.
-pub(super) fn server_args(role: ServeFor) -> Vec<OsString> {
-    let mut args: Vec<OsString> = std::env::args_os()
-        .skip(1)
-        .take_while(|arg| arg != "--")
-        .filter(|arg| arg != "--detach")
-        .collect();
-    let name = role.to_possible_value().map(|v| v.get_name().to_owned());
-    args.extend([SERVE_FLAG.into(), name.unwrap_or_default().into()]);
-    if role != ServeFor::Hook {
-        args.extend([PARENT_FLAG.into(), std::process::id().to_string().into()]);
+/// The flag that runs this binary as the supervisor of servers beside the container's own
+/// process.
+pub(super) const SUPERVISE_FLAG: &str = "--supervise";
+
+/// What the supervisor tells the hook when its first server ended without serving.
+const NOT_SERVING: &str = "not serving";
+
+/// This process's own flags (before `--` and the command), for a process it starts: global
+/// flags (the log's level and format) and `--socket` kept; `--detach` and the internal flags
+/// (the serving role, the parent, supervising) left out, for the caller to add its own.
+fn own_flags() -> Vec<OsString> {
+    let mut args = Vec::new();
+    let mut own = std::env::args_os().skip(1).take_while(|arg| arg != "--");
+    while let Some(arg) = own.next() {
+        if arg == SERVE_FLAG || arg == PARENT_FLAG {
+            own.next();
+        } else if arg != "--detach" && arg != SUPERVISE_FLAG {
+            args.push(arg);
+        }
     }
     args
 }
 
-/// The server's command: this binary with `args`, out of the caller's process group.
-pub(super) fn server_command(args: Vec<OsString>) -> std::io::Result<Command> {
+fn role_name(role: ServeFor) -> OsString {
+    let name = role.to_possible_value().map(|v| v.get_name().to_owned());
+    name.unwrap_or_default().into()
+}
+
+/// The flags of a server that this process starts and supervises.
+fn server_args(role: ServeFor) -> Vec<OsString> {
+    let mut args = own_flags();
+    args.extend([SERVE_FLAG.into(), role_name(role)]);
+    args.extend([PARENT_FLAG.into(), std::process::id().to_string().into()]);
+    args
+}
+
+/// The flags of the supervisor that the `postStart` hook starts beside the container's own
+/// process.
+pub(super) fn supervisor_args() -> Vec<OsString> {
+    let mut args = own_flags();
+    args.extend([SERVE_FLAG.into(), role_name(ServeFor::Hook)]);
+    args.push(SUPERVISE_FLAG.into());
+    args
+}
+
+/// A command of this binary with `args`, out of the caller's process group.
+pub(super) fn agent_command(args: Vec<OsString>) -> std::io::Result<Command> {
     let mut command = Command::new(std::env::current_exe()?);
     command.args(args).stdin(Stdio::null()).process_group(0);
     Ok(command)
 }
 
-/// PID 1's side: runs the server as a child until the process ends, starting it again after
-/// a backoff whenever it ends.
-pub(super) async fn supervise(role: ServeFor) {
+/// Runs servers for `role` as children until the process ends, starting one again after a
+/// backoff whenever it ends. `announce`: the first server's announcement is passed on to this
+/// process's stdout (the `postStart` hook's pipe), as [`READY`] or [`NOT_SERVING`].
+pub(super) async fn supervise(role: ServeFor, mut announce: bool) {
     let mut backoff = FIRST_BACKOFF;
     loop {
         let started = Instant::now();
-        let spawned = server_command(server_args(role)).and_then(|mut server| {
-            server.stdout(Stdio::null());
+        let output = if announce {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
+        let spawned = agent_command(server_args(role)).and_then(|mut server| {
+            server.stdout(output);
             reaper::spawn(&mut server)
         });
         let why = match spawned {
-            Ok((child, exit)) => {
+            Ok((mut child, exit)) => {
                 let pid = child.id();
+                if std::mem::take(&mut announce) {
+                    let line = first_line(child.stdout.take()).await;
+                    tell_hook(line.as_deref().map(str::trim_end) == Some(READY));
+                }
                 drop(child);
                 format!(
                     "the probe server (pid {pid}) ended ({:?})",
                     exit.wait().await
                 )
             }
-            Err(e) => format!("cannot start the probe server: {e}"),
+            Err(e) => {
+                if std::mem::take(&mut announce) {
+                    tell_hook(false);
+                }
+                format!("cannot start the probe server: {e}")
+            }
         };
         if started.elapsed() >= STEADY {
             backoff = FIRST_BACKOFF;
@@ -109,10 +157,28 @@ pub(super) async fn supervise(role: ServeFor) {
     }
 }
 
+/// The first line a child writes on `stdout`; `None` when it closes it first.
+pub(super) async fn first_line(stdout: Option<ChildStdout>) -> Option<String> {
+    let pipe = pipe::Receiver::from_owned_fd(stdout?.into()).ok()?;
+    let mut line = String::new();
+    match BufReader::new(pipe).read_line(&mut line).await {
+        Ok(1..) => Some(line),
+        _ => None,
+    }
+}
+
+/// The supervisor's one line to the hook. The hook may be gone already (its wait over): a
+/// failed write is nothing to act on.
+fn tell_hook(served: bool) {
+    use std::io::Write;
+    let line = if served { READY } else { NOT_SERVING };
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
 /// The server's side: serves exec probes on `socket` until the process ends; `parent`: the
-/// agent that started it (not for [`ServeFor::Hook`]).
+/// agent or supervisor that started it, with which it dies.
 pub async fn serve(socket: &Path, role: ServeFor, parent: Option<u32>) -> ExitCode {
-    if role != ServeFor::Hook && !bound_to(parent) {
+    if !bound_to(parent) {
         return ExitCode::FAILURE;
     }
     let listener = match super::bind(socket) {
@@ -134,10 +200,9 @@ pub async fn serve(socket: &Path, role: ServeFor, parent: Option<u32>) -> ExitCo
         std::process::id(),
         socket.display()
     );
-    if role == ServeFor::Hook {
+    {
         use std::io::Write;
-        // The hook's pipe: the hook returns on this line (and may be gone already, its wait
-        // over, so a failed write is nothing to act on).
+        // For the supervisor, which waits for it when the hook does (else stdout is null).
         let _ = writeln!(std::io::stdout(), "{READY}");
     }
     // Beside the container's process, or as its PID 1's child, the server sees every process
@@ -148,7 +213,7 @@ pub async fn serve(socket: &Path, role: ServeFor, parent: Option<u32>) -> ExitCo
     ExitCode::SUCCESS
 }
 
-/// Dies with the agent that started it: asks the kernel for SIGKILL when the parent ends, then
+/// Dies with the agent or supervisor that started it: asks the kernel for SIGKILL when the parent ends, then
 /// checks the parent is still the one that started it (it may have ended before the ask).
 fn bound_to(expected: Option<u32>) -> bool {
     if let Err(e) = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL) {
