@@ -757,8 +757,9 @@ async fn monitoring_kit_is_off_by_default_and_rendered_when_asked() {
 }
 
 /// The sidecar's exec grant is rendered only with an enforcing admission policy: without one
-/// it would reach every pod of the namespace. The status grant without one renders (the
-/// observe-first mode) with a warning in the notes.
+/// it would reach every pod of the namespace. So is the manager's Secret grant for
+/// virtual-node sidecars' tokens: without one the manager could create any Secret there. The
+/// status grant without one renders (the observe-first mode) with a warning in the notes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_grant_needs_an_enforcing_admission_policy() {
     let cp = control_plane().await;
@@ -781,8 +782,20 @@ async fn an_exec_grant_needs_an_enforcing_admission_policy() {
                 })
         })
     };
+    let grants_secrets = |out: &std::process::Output| {
+        let docs = documents(&String::from_utf8_lossy(&out.stdout));
+        docs.iter().any(|d| {
+            d["kind"] == "Role"
+                && d["rules"].as_array().unwrap().iter().any(|r| {
+                    r["resources"]
+                        .as_array()
+                        .unwrap()
+                        .contains(&"secrets".into())
+                })
+        })
+    };
     let defaults = template(&[]);
-    assert!(defaults.status.success() && grants_exec(&defaults));
+    assert!(defaults.status.success() && grants_exec(&defaults) && grants_secrets(&defaults));
 
     for unenforced in [
         &["admissionPolicy.enabled=false"][..],
@@ -798,10 +811,20 @@ async fn an_exec_grant_needs_an_enforcing_admission_policy() {
         );
         let mut without_exec = unenforced.to_vec();
         without_exec.push("sidecar.podsExec=false");
-        let rendered = template(&without_exec);
+        let refused = template(&without_exec);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(
-            rendered.status.success() && !grants_exec(&rendered),
-            "{without_exec:?}: {}",
+            !refused.status.success()
+                && stderr.contains("`create secrets`")
+                && stderr.contains("it is not enforced"),
+            "{without_exec:?}: {stderr}"
+        );
+        let mut kubelet_pods_only = without_exec.clone();
+        kubelet_pods_only.push("injection.config.podShape=kubelet");
+        let rendered = template(&kubelet_pods_only);
+        assert!(
+            rendered.status.success() && !grants_exec(&rendered) && !grants_secrets(&rendered),
+            "{kubelet_pods_only:?}: {}",
             String::from_utf8_lossy(&rendered.stderr)
         );
     }
@@ -818,6 +841,7 @@ async fn an_exec_grant_needs_an_enforcing_admission_policy() {
     let observing = notes(&[
         "admissionPolicy.validationActions={Warn,Audit}",
         "sidecar.podsExec=false",
+        "injection.config.podShape=kubelet",
     ]);
     assert!(observing.contains(warning), "{observing}");
 }
