@@ -63,6 +63,11 @@ fn denied_by((code, message): &(u16, String), why: &str) -> bool {
 /// ServiceAccount applied, both policies type-checked without a warning; and the manager's
 /// client.
 async fn installed() -> (ControlPlane, Client) {
+    installed_in("standalone").await
+}
+
+/// [`installed`], with the chart in `mode`.
+async fn installed_in(mode: &str) -> (ControlPlane, Client) {
     let mut cp = ControlPlane::start()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -73,6 +78,7 @@ async fn installed() -> (ControlPlane, Client) {
     }
     let mut sets = cluster::cert_values(&cp, &["localhost"]);
     sets.push(format!("sidecar.namespaces={{{NS}}}"));
+    sets.push(format!("mode={mode}"));
     let templates = [
         "templates/admission-policy-manager.yaml",
         "templates/rbac.yaml",
@@ -192,6 +198,102 @@ async fn the_managers_pod_writes_change_only_labels_and_annotations() {
         }
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+/// In companion mode kruise-manager writes the markers: podprobe-manager's only pod write is
+/// its token issuer's release (the `podprobe.io/sidecar-token` label and gate) of a pod in the
+/// sidecar's namespaces. Its ClusterRole's `patch pods` allows every case below.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_companion_mode_the_managers_pod_writes_are_token_releases_only() {
+    const ONLY_RELEASES: &str = "in companion mode may change only the podprobe.io/sidecar-token";
+    let (cp, manager) = installed_in("companion").await;
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    let system: Api<Pod> = Api::namespaced(cp.client(), "kube-system");
+    let release = Patch::Json(
+        serde_json::from_value(json!([
+            {"op": "test", "path": "/spec/schedulingGates/1/name", "value": GATES[1]},
+            {"op": "remove", "path": "/spec/schedulingGates/1"},
+            {"op": "add", "path": "/metadata/labels/podprobe.io~1sidecar-token", "value": "refused"}]))
+        .unwrap(),
+    );
+    // Enforced asynchronously: until a marker label is refused.
+    let marker = Patch::Merge(json!({"metadata": {"labels": {"server-healthy": "true"}}}));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        pod(&cp, "gs-0").await;
+        let answer = send(&manager, "gs-0", &marker).await;
+        pods.delete("gs-0", &kube::api::DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+        if answer.0 != 200 || Instant::now() > deadline {
+            break answer;
+        }
+    };
+    assert!(denied_by(&first, ONLY_RELEASES), "{first:?}");
+
+    #[rustfmt::skip] // a table: one case per entry
+    let cases: [(&str, Patch<Value>, Option<&str>); 3] = [
+        ("its release: the gate lifted, the label set", release, None),
+        ("the deletion cost",
+            Patch::Merge(json!({"metadata": {"annotations": {
+                "controller.kubernetes.io/pod-deletion-cost": "-5"}}})),
+            Some(ONLY_RELEASES)),
+        ("the probes annotation",
+            Patch::Merge(json!({"metadata": {"annotations": {"kruise.io/podprobe": "[]"}}})),
+            Some(ONLY_RELEASES)),
+    ];
+    let mut failures = Vec::new();
+    for (i, (what, patch, expect)) in cases.iter().enumerate() {
+        let name = format!("case-{i}");
+        pod(&cp, &name).await;
+        let answer = send(&manager, &name, patch).await;
+        let control = send(&cp.client(), &name, patch).await;
+        println!("{what:<60} manager {answer:?}, admin {}", control.0);
+        let right = match expect {
+            None => answer.0 == 200,
+            Some(why) => denied_by(&answer, why) && control.0 == 200,
+        };
+        if !right {
+            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+
+    // A pod outside the sidecar's namespaces, such as kube-system's: not even a label.
+    let outside: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "system-0", "labels": {"app": "dns"}},
+        "spec": {"containers": [{"name": "dns", "image": "dns:1"}]}
+    }))
+    .unwrap();
+    // The admission of a pod needs its ServiceAccount, which no controller made here.
+    let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(cp.client(), "kube-system");
+    let default = serde_json::from_value(json!({"metadata": {"name": "default"}})).unwrap();
+    match accounts.create(&PostParams::default(), &default).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("kube-system/default: {e}"),
+    }
+    system
+        .create(&PostParams::default(), &outside)
+        .await
+        .unwrap();
+    let as_manager: Api<Pod> = Api::namespaced(manager.clone(), "kube-system");
+    let label = Patch::Merge(json!({"metadata": {"labels": {"podprobe.io/sidecar-token": "x"}}}));
+    match as_manager
+        .patch("system-0", &PatchParams::default(), &label)
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert!(
+            s.code == 403 && s.message.contains(POLICY) && s.message.contains(ONLY_RELEASES),
+            "{s:?}"
+        ),
+        other => panic!("a kube-system pod's label: {other:?}"),
+    }
+    system
+        .patch("system-0", &PatchParams::default(), &label)
+        .await
+        .expect("the admin's control");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
