@@ -51,6 +51,22 @@ pub enum Command {
     /// install` and `helm upgrade`, so they return only once PodProbeMarkers and pods are
     /// admitted. Exits 0 once answered, 1 on --timeout with the last refusal.
     CheckWebhooks(crate::check::CheckWebhooksArgs),
+    /// Issue the sidecar token of every pod still held by the podprobe.io/sidecar-token
+    /// scheduling gate and release it, as the running manager's issuer does, then exit: what
+    /// the chart's uninstall hook runs, so that no pod waits for an issuer that is going away;
+    /// also for an operator whose manager replicas cannot run. A refused token is asked again
+    /// until 30 s after the pod's creation, then the pod is released without it, with a
+    /// Warning Event. Exits 0 once no pod waits, 1 on --timeout naming the pods still waiting.
+    /// Uses the in-cluster service account (the manager's: it needs the manager's RBAC), or
+    /// KUBECONFIG.
+    ReleaseGates(ReleaseGatesArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ReleaseGatesArgs {
+    /// Give up after this long (e.g. 2m).
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
 }
 
 #[derive(Debug, clap::Args)]
@@ -160,6 +176,9 @@ pub fn run(command: &Command) -> Result<Printed, CliError> {
         Command::Run(_) => Err(CliError::Output("`run` is not an offline command".into())),
         Command::CheckWebhooks(_) => Err(CliError::Output(
             "`check-webhooks` is not an offline command".into(),
+        )),
+        Command::ReleaseGates(_) => Err(CliError::Output(
+            "`release-gates` is not an offline command".into(),
         )),
     }
 }

@@ -52,6 +52,8 @@ async fn lint_and_template_in_both_modes() {
         "Service/podprobe-manager",
         "ServiceAccount/podprobe-manager",
         "ServiceAccount/podprobe-sidecar",
+        // The uninstall hook that releases pods still waiting for their sidecar's token.
+        "Job/podprobe-release-gates",
         "ValidatingAdmissionPolicy/podprobe-sidecar-pod-status",
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pod-status",
         "ValidatingAdmissionPolicy/podprobe-sidecar-pods-exec",

@@ -870,6 +870,97 @@ async fn the_chart_runs_the_manager_image_on_the_node() {
     pods.delete("game-0", &DeleteParams::default())
         .await
         .unwrap();
+    uninstalled_with_a_pod_waiting_for_its_token(&cp, &pods, &managers).await;
     let leftovers = node.stop(&cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+/// A virtual-node pod admitted while the manager ran, whose replicas then all stopped before
+/// it was issued its sidecar's token: it waits behind the scheduling gate. `helm uninstall`
+/// (its hook Job, as the manager's service account) issues the token and releases it, where
+/// nothing would lift the gate afterwards.
+async fn uninstalled_with_a_pod_waiting_for_its_token(
+    cp: &testkit::real::ControlPlane,
+    pods: &Api<Pod>,
+    managers: &Api<Pod>,
+) {
+    // What the pod webhook makes of a pod for a virtual node, without storing it.
+    let mut pod = game_pod("game-virtual", "unused");
+    let spec = pod.spec.as_mut().unwrap();
+    spec.node_name = None;
+    spec.tolerations = Some(vec![
+        serde_json::from_value(json!({
+            "key": "virtual-kubelet.io/provider", "operator": "Exists", "effect": "NoSchedule"
+        }))
+        .unwrap(),
+    ]);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let mut admitted = pods.create(&dry_run, &pod).await.unwrap();
+    assert_eq!(
+        label(&admitted, "podprobe.io/sidecar-token").as_deref(),
+        Some("pending"),
+        "the webhook gates a virtual-node pod"
+    );
+    let meta = &mut admitted.metadata;
+    (meta.uid, meta.resource_version, meta.creation_timestamp) = (None, None, None);
+    meta.managed_fields = None;
+
+    // Every replica stops, then the pod is created as admitted: nothing issues its token.
+    scale_to_zero(cp, cluster::RELEASE_NS, "podprobe-manager").await;
+    let selector = ListParams::default().labels("app.kubernetes.io/name=podprobe-manager");
+    for replica in managers.list(&selector).await.unwrap().items {
+        let (name, uid) = (
+            replica.metadata.name.unwrap(),
+            replica.metadata.uid.unwrap(),
+        );
+        let gone = kube::runtime::wait::await_condition(
+            managers.clone(),
+            &name,
+            kube::runtime::wait::conditions::is_deleted(&uid),
+        );
+        tokio::time::timeout(Duration::from_secs(90), gone)
+            .await
+            .unwrap_or_else(|_| panic!("{name} still runs after 90 s"))
+            .unwrap();
+    }
+    pods.create(&PostParams::default(), &admitted)
+        .await
+        .unwrap();
+    let gates = |p: &Pod| {
+        let spec = p.spec.as_ref().unwrap();
+        let gates = spec.scheduling_gates.iter().flatten();
+        gates.map(|g| g.name.clone()).collect::<Vec<_>>()
+    };
+    let waiting = pods.get("game-virtual").await.unwrap();
+    assert_eq!(gates(&waiting), ["podprobe.io/sidecar-token"]);
+
+    let uninstall = cp
+        .helm()
+        .unwrap()
+        .args(["uninstall", "podprobe", "--namespace", cluster::RELEASE_NS])
+        .args(["--wait", "--timeout=3m"])
+        .output()
+        .expect("run helm");
+    assert!(
+        uninstall.status.success(),
+        "helm uninstall: {}",
+        String::from_utf8_lossy(&uninstall.stderr)
+    );
+    let released = pods.get("game-virtual").await.unwrap();
+    assert!(gates(&released).is_empty(), "{:?}", gates(&released));
+    assert_eq!(label(&released, "podprobe.io/sidecar-token"), None);
+    // Issued, not released without it: the Secret the pod names holds its token.
+    let volume = released.spec.as_ref().unwrap().volumes.iter().flatten();
+    let secret = volume
+        .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
+        .flatten()
+        .find_map(|s| s.secret.as_ref().map(|s| s.name.clone()))
+        .expect("a token volume naming a Secret");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cp.client(), NS);
+    let issued = secrets.get(&secret).await.unwrap();
+    let owner = &issued.metadata.owner_references.unwrap()[0];
+    assert_eq!(Some(&owner.uid), released.metadata.uid.as_ref());
 }

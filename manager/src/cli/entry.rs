@@ -1,9 +1,10 @@
 //! Every command of `podprobe-manager`, dispatched in one place: the offline ones print what
-//! [`super::run`] returns; `run` and `check-webhooks` get a runtime (and `run` its logging).
+//! [`super::run`] returns; `run`, `check-webhooks` and `release-gates` get a runtime (and `run`
+//! and `release-gates` their logging).
 
-use podprobe_ops::entry::init_logging;
+use podprobe_ops::entry::{LogFormat, init_logging};
 
-use super::{Cli, Command, run};
+use super::{Cli, Command, ReleaseGatesArgs, run};
 use crate::check::{self, CheckError, CheckWebhooksArgs};
 use crate::run::RunArgs;
 
@@ -12,6 +13,7 @@ pub fn main(cli: Cli) -> i32 {
     match &cli.command {
         Command::Run(args) => serve(args),
         Command::CheckWebhooks(args) => check_webhooks(args),
+        Command::ReleaseGates(args) => release_gates(args),
         offline => match run(offline) {
             Ok(printed) => {
                 for note in &printed.notes {
@@ -78,4 +80,38 @@ fn check_webhooks(args: &CheckWebhooksArgs) -> i32 {
             1
         }
     }
+}
+
+fn release_gates(args: &ReleaseGatesArgs) -> i32 {
+    if let Err(e) = init_logging("info", LogFormat::Text) {
+        eprintln!("error: {e}");
+        return 2;
+    }
+    let Some(runtime) = runtime(tokio::runtime::Builder::new_current_thread()) else {
+        return 1;
+    };
+    runtime.block_on(async {
+        let client = match crate::run::default_client().await {
+            Ok(client) => client,
+            Err(e) => {
+                eprintln!("error: cannot reach the apiserver: {e}");
+                return 2;
+            }
+        };
+        let metrics = std::sync::Arc::new(crate::metrics::Metrics::new(false));
+        match crate::sidecar_token::issue::issue_pending_once(client, metrics, args.timeout).await {
+            Ok(0) => {
+                println!("no pod waits for its sidecar's token");
+                0
+            }
+            Ok(n) => {
+                println!("released {n} pods that waited for their sidecar's token");
+                0
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                1
+            }
+        }
+    })
 }

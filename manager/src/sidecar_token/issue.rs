@@ -18,7 +18,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -182,6 +182,79 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationTo
         )
         .for_each(|_| futures::future::ready(()))
         .await;
+}
+
+/// What [`issue_pending_once`] leaves behind: the pods still waiting at its deadline.
+#[derive(Debug, thiserror::Error)]
+pub enum OnceError {
+    #[error("cannot list the pods waiting for their sidecar's token: {0}")]
+    List(#[source] kube::Error),
+    #[error(
+        "{} pods still wait for their sidecar's token after {took:?}: {}",
+        pods.len(),
+        pods.join(", ")
+    )]
+    StillWaiting { pods: Vec<String>, took: Duration },
+}
+
+/// How often [`issue_pending_once`] looks at the pods still waiting.
+const ONCE_EVERY: Duration = Duration::from_secs(2);
+
+/// Issues the token of every pod still held by the gate and releases it, as the issuer does,
+/// until none waits or `timeout` has passed: what the chart's uninstall hook runs, so that no
+/// pod waits behind the gate for an issuer that is going away. A refused token is asked again
+/// until [`REFUSAL_GRACE`] after the pod's creation, then the pod is released without it,
+/// with its Event. Returns how many pods it found waiting.
+pub async fn issue_pending_once(
+    client: Client,
+    metrics: Arc<Metrics>,
+    timeout: Duration,
+) -> Result<usize, OnceError> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let selector = ListParams::default().labels(&format!("{LABEL}={PENDING}"));
+    let ctx = Arc::new(Context {
+        client,
+        metrics,
+        retries: Arc::new(Retries::new(Policy::WATCH)),
+        written: Arc::new(PerObject::default()),
+        warned: Arc::new(PerObject::default()),
+    });
+    let started = tokio::time::Instant::now();
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        let listed = pods.list(&selector).await.map_err(OnceError::List)?;
+        // A bound or deleted pod is not the issuer's to release (see `reconcile`).
+        let waiting: Vec<Pod> = listed
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()))
+            .collect();
+        let names: Vec<String> = waiting.iter().map(pod_id).collect();
+        if waiting.is_empty() {
+            return Ok(seen.len());
+        }
+        if started.elapsed() >= timeout {
+            return Err(OnceError::StillWaiting {
+                pods: names,
+                took: started.elapsed(),
+            });
+        }
+        seen.extend(names);
+        for pod in waiting {
+            let id = pod_id(&pod);
+            if let Err(e) = reconcile(Arc::new(pod), ctx.clone()).await {
+                tracing::info!(pod = %id, "{e}; looking again in {ONCE_EVERY:?}");
+            }
+        }
+        tokio::time::sleep(ONCE_EVERY).await;
+    }
+}
+
+fn pod_id(pod: &Pod) -> String {
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    format!("{ns}/{name}")
 }
 
 /// The Secret injection named in the pod's token volume.
