@@ -563,6 +563,16 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
             expect: on(&manager_target, &[("severity", "warning")]),
         },
         Scenario {
+            // Every replica gone: its series stop.
+            alert: "PodProbeManagerAbsent",
+            drives: vec![Drive {
+                name: "podprobe_manager_build_info",
+                matching: owned(&manager_target),
+                values: "_x40".into(),
+            }],
+            expect: owned(&[("severity", "critical")]),
+        },
+        Scenario {
             alert: "PodProbeManagerSidecarTokensPending",
             drives: vec![Drive {
                 name: "podprobe_manager_sidecar_tokens_pending",
