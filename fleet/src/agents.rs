@@ -1,7 +1,7 @@
 //! The fleet's exec agents (`--exec agent`): the pods as a kubelet node's pods whose game
 //! container gives its command, so the chart's default injection wraps that command with
-//! `podprobe agent`; then one real agent per pod, the shipped static `podprobe` binary the
-//! pod's install container copies, serving the sidecar's exec probes over its socket.
+//! `podprobe agent`; then one real agent per pod, the shipped static `podprobe-agent` binary
+//! the pod's install container copies, serving the sidecar's exec probes over its socket.
 //!
 //! An agent stands where the wrapped container would run: its command is `sleep infinity`
 //! (the game server), its socket in the pod's own directory, where the sidecar instance of

@@ -160,7 +160,8 @@ pub async fn run(options: &FleetOptions) -> Result<Report, FleetError> {
     let mut agents = match options.exec {
         ExecPath::Local => agents::Agents::none(),
         ExecPath::Agent => {
-            let binary = testkit::real::node::images::shipped_binaries()?.join("podprobe");
+            // The agent's own binary, which the pods' install container copies.
+            let binary = testkit::real::node::images::shipped_binaries()?.join("podprobe-agent");
             agents::Agents::start(&binary, work.path(), &pods).await?
         }
     };

@@ -69,8 +69,8 @@ pub fn lock(root: &Path) -> Result<BuildLock, Error> {
 }
 
 /// The shipped static binaries for this machine (`hack/build-static.sh`, what the images
-/// hold): the directory with `podprobe` and `podprobe-manager`. For benchmarks that measure
-/// what users run (its allocator is musl's, not the host's).
+/// hold): the directory with `podprobe`, `podprobe-agent` and `podprobe-manager`. For
+/// benchmarks that measure what users run (its allocator is musl's, not the host's).
 pub fn shipped_binaries() -> Result<PathBuf, Error> {
     let root = build_root()?;
     let _lock = lock(&root)?;
