@@ -929,6 +929,69 @@ async fn as_pid_1_the_agent_refuses_a_process_of_its_own_container() {
     );
 }
 
+/// In a pod that shares its process namespace `pause` is PID 1, and the runtime starts the
+/// wrapping agent from outside the namespace: not PID 1, but its container's first process, it
+/// still refuses a process of its own container and answers the sidecar's place.
+#[tokio::test]
+async fn in_a_shared_process_namespace_the_agent_still_refuses_its_containers_processes() {
+    let pause =
+        InitAgent::start_as_pid_1(&["sh", "-c", "touch {dir}/ready; exec sleep 3600"]).await;
+    let dir = pause.dir.path();
+    let asker = format!(
+        "import json, pathlib, signal, socket, time\n\
+         d = pathlib.Path('{}')\n\
+         while not (d / 'agent.sock').exists():\n    time.sleep(0.01)\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.connect(str(d / 'agent.sock'))\n\
+         s.sendall(json.dumps({{'command': ['id', '-u'], 'timeoutMillis': 5000}}).encode() + b'\\n')\n\
+         (d / 'answer.tmp').write_bytes(s.makefile('rb').readline())\n\
+         (d / 'answer.tmp').rename(d / 'answer')\n\
+         signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGTERM}})\n\
+         signal.sigwait({{signal.SIGTERM}})\n",
+        dir.display()
+    );
+    // As a runtime starts a container in the pod's namespace: from outside it.
+    let mut enter = Command::new("nsenter");
+    enter
+        .arg(format!("--target={}", pause.pid))
+        .args(["--pid", "--mount", "--"])
+        .arg(env!("CARGO_BIN_EXE_podprobe-agent"))
+        .args(["agent", "--socket"])
+        .arg(dir.join("agent.sock"))
+        .args(["--", "python3", "-c", &asker])
+        .stderr(std::fs::File::create(dir.join("entered.log")).unwrap())
+        .env_remove("RUST_LOG")
+        .process_group(0);
+    let (child, _exit) = reaper::spawn(&mut enter).unwrap();
+    let nsenter = Pid::from_raw(child.id() as i32);
+    drop(child);
+    let _group = KillGroupOnDrop(nsenter);
+    until_exists(&dir.join("answer"), "the container process's answer").await;
+    let [agent] = children(nsenter)[..] else {
+        panic!("nsenter's children: {:?}", children(nsenter));
+    };
+    let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .unwrap();
+    assert_ne!(nspid.split_whitespace().last(), Some("1"), "PID 1: {nspid}");
+
+    let answer = std::fs::read_to_string(dir.join("answer")).unwrap();
+    let log = std::fs::read_to_string(dir.join("entered.log")).unwrap();
+    assert!(
+        answer.contains("refused pid") && answer.contains("own container"),
+        "{answer}\n{log}"
+    );
+    assert_eq!(
+        ask(&dir.join("agent.sock"), &["printf", "from outside"]).await,
+        Response::Observed {
+            outcome: Outcome::Succeeded,
+            message: "from outside".into()
+        }
+    );
+}
+
 /// A container that runs its image's entrypoint (here a python "game server", its PID 1) gets
 /// the agent from its postStart hook, `podprobe agent --detach`: the hook returns 0 once the
 /// agent serves (the game connects at once after it, without waiting for the socket); the

@@ -112,8 +112,13 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
         "podprobe agent: {program} runs as pid {pid}; exec probes are served on {} by a probe server of their own",
         socket.display()
     );
-    // Serving runs in a process of its own: nothing it does can stop this one.
-    let role = if init {
+    // Serving runs in a process of its own: nothing it does can stop this one. The container's
+    // first process (PID 1, or in a pod that shares its process namespace, where `pause` is
+    // PID 1, a process whose parent, the runtime, is outside the namespace) sees its container
+    // as a cgroup of its own, so its server refuses the container's processes. Started by a
+    // process of its own namespace (by hand, a test), it cannot tell where its container ends.
+    let first_of_container = init || nix::unistd::getppid().as_raw() == 0;
+    let role = if first_of_container {
         server::ServeFor::Init
     } else {
         server::ServeFor::Parent

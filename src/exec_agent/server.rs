@@ -35,9 +35,11 @@ pub enum ServeFor {
     /// Beside the container's own process, under the supervisor that the `postStart` hook
     /// leaves running: refuses its container's processes.
     Hook,
-    /// Started by the agent that is the container's PID 1: refuses its container's processes.
+    /// Started by the agent that is its container's first process (its PID 1, or in a pod
+    /// sharing its process namespace, started from outside the namespace): refuses its
+    /// container's processes.
     Init,
-    /// Started by an agent that is not PID 1 (a pod sharing its process namespace): cannot
+    /// Started by an agent that a process of its own namespace started (by hand, a test): cannot
     /// tell its container's processes from others.
     Parent,
 }
@@ -205,10 +207,10 @@ pub async fn serve(socket: &Path, role: ServeFor, parent: Option<u32>) -> ExitCo
         // For the supervisor, which waits for it when the hook does (else stdout is null).
         let _ = writeln!(std::io::stdout(), "{READY}");
     }
-    // Beside the container's process, or as its PID 1's child, the server sees every process
-    // of its container in its PID namespace, whether or not the pod shares it (then the
-    // sidecar is there too, in a cgroup of its own): a process of its own container can be
-    // told apart, and is refused.
+    // Beside the container's process, or as the child of its first process, the server sees
+    // every process of its container in its PID namespace, whether or not the pod shares it
+    // (then the sidecar is there too, in a cgroup of its own): a process of its own container
+    // can be told apart, and is refused.
     super::serving::serve(listener, role != ServeFor::Parent).await;
     ExitCode::SUCCESS
 }

@@ -114,12 +114,12 @@ async fn answer(mut stream: UnixStream, attempts: &Semaphore) {
 
 /// Why the asker may not run commands here, if it may not: a process of the agent's own
 /// container, which would otherwise run commands with the agent's user and capabilities (a
-/// server that dropped root regaining it). As its container's PID 1, or beside the container's
-/// own process, the agent sees the pid of every process of its own container and none (0) of
-/// one in a PID namespace it does not share, such as the sidecar's; of a process it sees, its
-/// cgroup says whether it is of this container (in a namespace the containers share, the
-/// sidecar's cgroup is its own). Wrapping a command but not PID 1 (a pod that shares its
-/// process namespace, where `pause` is), the agent asks nothing (`guarded` false).
+/// server that dropped root regaining it). As its container's first process, or beside the
+/// container's own process, the agent sees the pid of every process of its own container and
+/// none (0) of one in a PID namespace it does not share, such as the sidecar's; of a process it
+/// sees, its cgroup says whether it is of this container (in a namespace the containers share,
+/// the sidecar's cgroup is its own). Started by a process of its own namespace (by hand, a
+/// test), the agent cannot tell where its container ends and asks nothing (`guarded` false).
 fn refused_peer(stream: &UnixStream, guarded: bool) -> Option<String> {
     if !guarded {
         return None;
