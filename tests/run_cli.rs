@@ -66,6 +66,15 @@ fn install_agent_copies_the_agent_alone_beside_it_or_else_itself() {
         assert!(out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let install = |binary: &std::path::Path, dest: &std::path::Path| {
+        let out = Command::new(binary)
+            .arg("install-agent")
+            .arg(dest)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        out
+    };
     let sidecar = std::path::Path::new(env!("CARGO_BIN_EXE_podprobe"));
     let alone = std::path::Path::new(env!("CARGO_BIN_EXE_podprobe-agent"));
     assert_eq!(
@@ -76,12 +85,7 @@ fn install_agent_copies_the_agent_alone_beside_it_or_else_itself() {
 
     let volume = tempfile::tempdir().unwrap();
     let dest = volume.path().join("podprobe");
-    let out = Command::new(sidecar)
-        .arg("install-agent")
-        .arg(&dest)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let out = install(sidecar, &dest);
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("podprobe-agent"),
         "says what it copied: {out:?}"
@@ -95,12 +99,7 @@ fn install_agent_copies_the_agent_alone_beside_it_or_else_itself() {
     let lone = lone_dir.path().join("podprobe");
     std::fs::copy(sidecar, &lone).unwrap();
     let dest = volume.path().join("itself");
-    let out = Command::new(&lone)
-        .arg("install-agent")
-        .arg(&dest)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    install(&lone, &dest);
     assert!(
         version(&dest).starts_with("podprobe "),
         "{}",

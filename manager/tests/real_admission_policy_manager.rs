@@ -55,6 +55,31 @@ async fn send(client: &Client, name: &str, patch: &Patch<Value>) -> (u16, String
     }
 }
 
+/// Each case's patch, by the manager and then by the admin (the control), each on a fresh pod
+/// `case-<i>`: refused by the policy with its message, or admitted (`None`).
+async fn each_case(
+    cp: &ControlPlane,
+    manager: &Client,
+    cases: &[(&str, Patch<Value>, Option<&str>)],
+) {
+    let mut failures = Vec::new();
+    for (i, (what, patch, expect)) in cases.iter().enumerate() {
+        let name = format!("case-{i}");
+        pod(cp, &name).await;
+        let answer = send(manager, &name, patch).await;
+        let control = send(&cp.client(), &name, patch).await;
+        println!("{what:<60} manager {answer:?}, admin {}", control.0);
+        let right = match expect {
+            None => answer.0 == 200,
+            Some(why) => denied_by(&answer, why) && control.0 == 200,
+        };
+        if !right {
+            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
 fn denied_by((code, message): &(u16, String), why: &str) -> bool {
     *code == 403 && message.contains(POLICY) && message.contains(why)
 }
@@ -182,22 +207,7 @@ async fn the_managers_pod_writes_change_only_labels_and_annotations() {
                 "controller.kubernetes.io/pod-deletion-cost": null}}})),
             None),
     ];
-    let mut failures = Vec::new();
-    for (i, (what, patch, expect)) in cases.iter().enumerate() {
-        let name = format!("case-{i}");
-        pod(&cp, &name).await;
-        let answer = send(&manager, &name, patch).await;
-        let control = send(&cp.client(), &name, patch).await;
-        println!("{what:<60} manager {answer:?}, admin {}", control.0);
-        let right = match expect {
-            None => answer.0 == 200,
-            Some(why) => denied_by(&answer, why) && control.0 == 200,
-        };
-        if !right {
-            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
-        }
-    }
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    each_case(&cp, &manager, &cases).await;
 }
 
 /// In companion mode kruise-manager writes the markers: podprobe-manager's only pod write is
@@ -242,22 +252,7 @@ async fn in_companion_mode_the_managers_pod_writes_are_token_releases_only() {
             Patch::Merge(json!({"metadata": {"annotations": {"kruise.io/podprobe": "[]"}}})),
             Some(ONLY_RELEASES)),
     ];
-    let mut failures = Vec::new();
-    for (i, (what, patch, expect)) in cases.iter().enumerate() {
-        let name = format!("case-{i}");
-        pod(&cp, &name).await;
-        let answer = send(&manager, &name, patch).await;
-        let control = send(&cp.client(), &name, patch).await;
-        println!("{what:<60} manager {answer:?}, admin {}", control.0);
-        let right = match expect {
-            None => answer.0 == 200,
-            Some(why) => denied_by(&answer, why) && control.0 == 200,
-        };
-        if !right {
-            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
-        }
-    }
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    each_case(&cp, &manager, &cases).await;
 
     // A pod outside the sidecar's namespaces, such as kube-system's: not even a label.
     let outside: Pod = serde_json::from_value(json!({

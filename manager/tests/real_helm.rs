@@ -772,7 +772,8 @@ async fn an_exec_grant_needs_an_enforcing_admission_policy() {
             .output()
             .unwrap()
     };
-    let grants_exec = |out: &std::process::Output| {
+    // Whether a rendered Role grants `resource`.
+    let grants = |out: &std::process::Output, resource: &str| {
         let docs = documents(&String::from_utf8_lossy(&out.stdout));
         docs.iter().any(|d| {
             d["kind"] == "Role"
@@ -780,22 +781,12 @@ async fn an_exec_grant_needs_an_enforcing_admission_policy() {
                     r["resources"]
                         .as_array()
                         .unwrap()
-                        .contains(&"pods/exec".into())
+                        .contains(&resource.into())
                 })
         })
     };
-    let grants_secrets = |out: &std::process::Output| {
-        let docs = documents(&String::from_utf8_lossy(&out.stdout));
-        docs.iter().any(|d| {
-            d["kind"] == "Role"
-                && d["rules"].as_array().unwrap().iter().any(|r| {
-                    r["resources"]
-                        .as_array()
-                        .unwrap()
-                        .contains(&"secrets".into())
-                })
-        })
-    };
+    let grants_exec = |out: &std::process::Output| grants(out, "pods/exec");
+    let grants_secrets = |out: &std::process::Output| grants(out, "secrets");
     let defaults = template(&[]);
     assert!(defaults.status.success() && grants_exec(&defaults) && grants_secrets(&defaults));
 

@@ -226,6 +226,12 @@ fn sboms(out: &Path) {
                 ["tokio", "kube-client", "hyper"],
                 ["cel", "testkit"],
             ),
+            // The exec agent, which the sidecar image carries for the install container.
+            (
+                "podprobe-agent",
+                ["tokio", "clap", "nix"],
+                ["cel", "testkit"],
+            ),
             (
                 "podprobe-manager",
                 ["tokio", "kube-runtime", "rustls"],
@@ -303,7 +309,12 @@ fn provenance(out: &Path, images: &str, version: &str) {
     ];
     for platform in [Platform::Amd64, Platform::Arm64] {
         files.push(format!("kubectl-podprobe-linux-{}.tar.gz", platform.arch()));
-        for binary in ["podprobe", "podprobe-manager", "kubectl-podprobe"] {
+        for binary in [
+            "podprobe",
+            "podprobe-agent",
+            "podprobe-manager",
+            "kubectl-podprobe",
+        ] {
             files.push(format!("{binary}-linux-{}.cdx.json", platform.arch()));
         }
     }
