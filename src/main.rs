@@ -306,19 +306,7 @@ impl From<Repair> for RepairPolicy {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     cli.log.init();
-    // One thread is plenty: probes wait on sockets and child processes, never on the CPU, and
-    // every extra thread costs the sidecar memory (stacks, allocator arenas) in every pod.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("podprobe: cannot start the async runtime: {e}");
-            return ExitCode::from(70);
-        }
-    };
-    runtime.block_on(async {
+    entry::on_one_thread("podprobe", async {
         match cli.command {
             Command::Check(args) => check::run(args.into()).await.unwrap_or_else(|e| {
                 eprintln!("podprobe check: {e}");

@@ -418,16 +418,7 @@ impl InitAgent {
             std::fs::read_to_string(format!("/proc/{unshare_pid}/task/{unshare_pid}/children"))
                 .unwrap();
         let agent: i32 = children.trim().parse().expect("unshare's one child");
-        let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
-        let nspid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))
-            .unwrap();
-        assert_eq!(
-            nspid.split_whitespace().last(),
-            Some("1"),
-            "not PID 1: {nspid}"
-        );
+        assert_eq!(pid_in_its_namespace(agent), "1", "not PID 1");
         InitAgent {
             dir,
             pid: Pid::from_raw(agent),
@@ -618,6 +609,16 @@ fn parent(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit_once(')')?.1;
     rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Process `pid`'s pid in its own (innermost) PID namespace (`NSpid`'s last field).
+fn pid_in_its_namespace(pid: i32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"));
+    let innermost = nspid.and_then(|n| n.split_whitespace().last());
+    innermost
+        .unwrap_or_else(|| panic!("no NSpid for {pid}: {status}"))
+        .to_owned()
 }
 
 /// The agent's children: its command and its probe server.
@@ -970,12 +971,7 @@ async fn in_a_shared_process_namespace_the_agent_still_refuses_its_containers_pr
     let [agent] = children(nsenter)[..] else {
         panic!("nsenter's children: {:?}", children(nsenter));
     };
-    let status = std::fs::read_to_string(format!("/proc/{agent}/status")).unwrap();
-    let nspid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .unwrap();
-    assert_ne!(nspid.split_whitespace().last(), Some("1"), "PID 1: {nspid}");
+    assert_ne!(pid_in_its_namespace(agent), "1", "PID 1");
 
     let answer = std::fs::read_to_string(dir.join("answer")).unwrap();
     let log = std::fs::read_to_string(dir.join("entered.log")).unwrap();

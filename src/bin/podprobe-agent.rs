@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use podprobe::exec_agent::AgentArgs;
-use podprobe_ops::entry::LogFlags;
+use podprobe_ops::entry::{self, LogFlags};
 
 /// podprobe's exec agent, alone: runs the podprobe sidecar's exec probes inside an app
 /// container (`podprobe agent`, the same flags as the sidecar binary's).
@@ -41,16 +41,5 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
-    // One thread: the agent waits on a socket, signals and child processes, and every extra
-    // thread would be memory charged to the game container.
-    match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime.block_on(args.run()),
-        Err(e) => {
-            eprintln!("podprobe agent: cannot start the async runtime: {e}");
-            ExitCode::from(70)
-        }
-    }
+    entry::on_one_thread("podprobe agent", args.run())
 }
