@@ -43,6 +43,7 @@ pub fn admission_review(bytes: &[u8]) {
         native_sidecars_supported: true,
         ppms: Arc::new(PpmCache::default()),
         namespaces: None,
+        nodes: None,
         metrics: Arc::new(Metrics::default()),
     };
     for path in [MUTATE_PODS_PATH, VALIDATE_PPM_PATH] {

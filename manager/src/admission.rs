@@ -27,6 +27,8 @@ pub struct Injection<'a> {
     /// Companion mode: the sidecar probes only on `type=virtual-kubelet` nodes, kruise-daemon
     /// elsewhere.
     pub companion: bool,
+    /// The cluster's virtual nodes (none known to `render`).
+    pub virtual_nodes: &'a [crate::inject::placement::VirtualNode],
 }
 
 /// The patch for one pod, and what went into it.
@@ -72,6 +74,7 @@ pub fn mutate(
             exec_probe_containers: &exec_containers,
             request_uid: injection.request_uid,
             companion: injection.companion,
+            virtual_nodes: injection.virtual_nodes,
         };
         let sidecar = inject_ops(pod, injection.config, &ctx);
         injected = !sidecar.is_empty();
@@ -131,6 +134,7 @@ mod tests {
             native_sidecars_supported: true,
             request_uid: "uid-1",
             companion: false,
+            virtual_nodes: &[],
         }
     }
 

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector::Lookup};
@@ -196,6 +196,30 @@ where
         .retry_backoff()
         .reflect(writer)
         .map_err(|e| tracing::warn!("{} watch: {e}", <K as Resource>::kind(&())))
+        .for_each(|_| futures::future::ready(()));
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = stream => {}
+        }
+    });
+    store
+}
+
+/// A reflector store of the cluster's nodes for the pod webhook's shape decision, holding of
+/// each node only its name, labels and spec (taints): a node's status (images, conditions)
+/// and annotations are most of its size, and a cluster may have thousands.
+pub fn spawn_node_store(client: Client, shutdown: CancellationToken) -> Store<Node> {
+    let (store, writer) = reflector::store::<Node>();
+    let stream = watcher(Api::<Node>::all(client))
+        .retry_backoff()
+        .modify(|node| {
+            node.status = None;
+            node.metadata.annotations = None;
+            node.metadata.managed_fields = None;
+        })
+        .reflect(writer)
+        .map_err(|e| tracing::warn!("Node watch: {e}"))
         .for_each(|_| futures::future::ready(()));
     tokio::spawn(async move {
         tokio::select! {

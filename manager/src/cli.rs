@@ -229,6 +229,8 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
         // No admission request: the token Secret (virtual-node shape) gets a fixed name.
         request_uid: "",
         companion: args.mode == RenderMode::Companion,
+        // Offline: the shape is read from the pod alone.
+        virtual_nodes: &[],
     });
     // As the webhook (in companion mode OpenKruise writes the annotations).
     let standalone = args.mode == RenderMode::Standalone;
@@ -240,7 +242,7 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
     }
     if let Some(config) = &config {
         notes.push(if let (true, Some(spec)) = (mutation.injected, &pod.spec) {
-            let shape = inject::shape::of(spec, config);
+            let shape = inject::shape::of(spec, config, &[]);
             let probes = mutation
                 .annotations
                 .as_ref()
@@ -258,7 +260,7 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
             format!(
                 "sidecar injected in the {} shape ({}){executor}",
                 shape.as_str(),
-                inject::shape::explain(spec, config)
+                inject::shape::explain(spec, config, &[])
             )
         } else {
             format!(

@@ -4,6 +4,7 @@
 //! ([`token`]).
 
 pub mod agent;
+pub mod placement;
 pub mod shape;
 mod token;
 
@@ -39,6 +40,8 @@ pub struct InjectContext<'a> {
     /// Companion mode: OpenKruise's kruise-daemon probes pods on nodes not labelled
     /// `type=virtual-kubelet`, where the sidecar stands down.
     pub companion: bool,
+    /// The cluster's virtual nodes, as the webhook knows them (the shape decision).
+    pub virtual_nodes: &'a [placement::VirtualNode],
 }
 
 /// Whether the pod (by its metadata) opted in: pod label `enabled`, or namespace label
@@ -220,7 +223,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
     if present {
         return vec![];
     }
-    let shape = shape::of(spec, config);
+    let shape = shape::of(spec, config, ctx.virtual_nodes);
     // Providers run init containers to completion before the others, and azure-aci refuses
     // them with resources: on a virtual node the sidecar is an ordinary container.
     let native =

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::runtime::reflector::Store;
@@ -36,6 +36,7 @@ use crate::admission::{self, Injection};
 use crate::cache::{PpmCache, namespace_labels};
 use crate::config::InjectionConfig;
 use crate::crd::PodProbeMarker;
+use crate::inject::placement::VirtualNode;
 use crate::metrics::Metrics;
 use crate::patch::{PatchOp, to_json_patch};
 use crate::validate;
@@ -72,6 +73,8 @@ pub struct Webhooks {
     pub ppms: Arc<PpmCache>,
     /// Namespace labels for the injection opt-in; `None` without injection.
     pub namespaces: Option<Store<Namespace>>,
+    /// The cluster's nodes, for the injected pod's shape; `None` without injection.
+    pub nodes: Option<Store<Node>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -172,12 +175,21 @@ impl Webhooks {
             .namespaces
             .as_ref()
             .and_then(|s| namespace_labels(s, &namespace));
+        let virtual_nodes: Vec<VirtualNode> = match (&self.injection, &self.nodes) {
+            (Some(config), Some(nodes)) => nodes
+                .state()
+                .iter()
+                .filter_map(|n| VirtualNode::of(n, &config.virtual_node_taints))
+                .collect(),
+            _ => vec![],
+        };
         let injection = self.injection.as_ref().map(|config| Injection {
             config,
             namespace_labels: labels.as_ref(),
             native_sidecars_supported: self.native_sidecars_supported,
             request_uid: &req.uid,
             companion: self.mode == Mode::Companion,
+            virtual_nodes: &virtual_nodes,
         });
         Ok(admission::mutate(&pod, &ppms, self.mode == Mode::Standalone, injection).ops)
     }
@@ -372,6 +384,7 @@ mod tests {
             native_sidecars_supported: true,
             ppms: Arc::new(PpmCache::default()),
             namespaces: None,
+            nodes: None,
             metrics: Arc::new(Metrics::default()),
         }
     }

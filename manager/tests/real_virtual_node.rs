@@ -284,6 +284,58 @@ async fn runs_the_injected_pod_and_its_probes(agent: VirtualAgent) {
         .expect("the pod deleted within 60 s");
 }
 
+/// A virtual node without a taint takes any pod kube-scheduler sends it, including one that
+/// carries nothing for virtual nodes (no toleration, selector or affinity): the webhook reads
+/// the cluster's virtual nodes, so such a pod gets the shape the provider accepts and its
+/// issued credential, and runs there with its probes. With the shape read from the pod alone,
+/// it got the kubelet shape, which the library refuses (`status.podIP`), and never ran.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_untainted_runs_a_pod_that_carries_nothing_for_it_with_its_issued_credential()
+{
+    let (running, node) = virtual_node_and_chart(VirtualAgent::default(), Mode::Standalone).await;
+    let cp = &running.cp;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cp.client());
+    nodes
+        .patch(
+            node.name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": null}})),
+        )
+        .await
+        .unwrap();
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &game_ppm())
+        .await
+        .unwrap();
+    let mut pod = game_pod("game-0");
+    let spec = pod.spec.as_mut().unwrap();
+    spec.node_selector = None;
+    spec.tolerations = None;
+    // Admitted with the virtual-node shape once the webhook has seen the node untainted.
+    cp.wait_admission(&pod, |p| {
+        annotation(p, support::PODPROBE).is_some()
+            && label(p, podprobe_manager::sidecar_token::LABEL).as_deref()
+                == Some(podprobe_manager::sidecar_token::PENDING)
+    })
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cp.client(), NS);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let up = wait_for(
+        &pods,
+        "game-0",
+        "probes written on the untainted virtual node",
+        game_up,
+    )
+    .await;
+    assert_eq!(node_name(&up), Some(node.name()));
+    let sidecar_log = logs(&pods, "game-0", SIDECAR).await;
+    assert!(
+        sidecar_log.contains("reads its probes from the apiserver"),
+        "the virtual-node shape's source:\n{sidecar_log}"
+    );
+}
+
 /// How often the node's agent has written `pod`'s status (the audit log).
 fn status_replacements(cp: &ControlPlane, pod: &str) -> usize {
     let events = cp.audit().unwrap();

@@ -15,16 +15,20 @@
 //! downward-API volume and `POD_IP`, reading its probes and its IP from the apiserver (source
 //! `api`). The shape works on kubelet nodes too; it costs a watch per pod there, which is why
 //! pods that can only run on kubelet nodes keep the cheaper one. At admission the pod is not
-//! bound yet, so "may run on a virtual node" is read from what a pod must carry to get there:
-//! a toleration of the virtual node's taint (or of every taint), or a `type: virtual-kubelet`
-//! node selector, the label the library gives its nodes.
+//! bound yet, so "may run on a virtual node" is read two ways, either of which suffices:
+//! - from what a pod must carry to get to one: a toleration of a virtual node's taint (or of
+//!   every taint), or a `type: virtual-kubelet` node selector or required node affinity, the
+//!   label the library gives its nodes; this holds for virtual nodes that do not exist yet;
+//! - from the virtual nodes the cluster has (the webhook watches nodes): one that kube-scheduler
+//!   may place the pod on ([`super::placement`]), by its name, labels, affinity or an untainted node.
+//!
+//! A toleration another webhook adds after this one is seen only if the apiserver calls this
+//! webhook again and the sidecar is not injected yet: the shape is decided once.
 
 use k8s_openapi::api::core::v1::PodSpec;
 
+use super::placement::{VIRTUAL_NODE_LABEL, VirtualNode};
 use crate::config::{InjectionConfig, PodShapeChoice};
-
-/// The label the virtual-kubelet library puts on its nodes.
-const VIRTUAL_NODE_LABEL: (&str, &str) = ("type", "virtual-kubelet");
 
 /// The shape of one injected pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,32 +48,60 @@ impl Shape {
     }
 }
 
-/// The shape `spec` gets under `config`.
-pub fn of(spec: &PodSpec, config: &InjectionConfig) -> Shape {
+/// Why `auto` gives a pod the virtual-node shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reason {
+    /// A toleration, selector or affinity only a virtual node's pods carry.
+    Carries,
+    /// The cluster's virtual node of this name may run it.
+    Placeable(String),
+}
+
+/// The shape `spec` gets under `config`, with `virtual_nodes` the cluster's virtual nodes as
+/// the webhook knows them (none for `render`, which reads no cluster).
+pub fn of(spec: &PodSpec, config: &InjectionConfig, virtual_nodes: &[VirtualNode]) -> Shape {
     match config.pod_shape {
         PodShapeChoice::Kubelet => Shape::Kubelet,
         PodShapeChoice::VirtualNode => Shape::VirtualNode,
-        PodShapeChoice::Auto if may_run_on_a_virtual_node(spec, &config.virtual_node_taints) => {
-            Shape::VirtualNode
-        }
-        PodShapeChoice::Auto => Shape::Kubelet,
+        PodShapeChoice::Auto => match reason(spec, config, virtual_nodes) {
+            Some(_) => Shape::VirtualNode,
+            None => Shape::Kubelet,
+        },
     }
 }
 
-/// Why `spec` gets its shape, for `podprobe-manager render`.
-pub fn explain(spec: &PodSpec, config: &InjectionConfig) -> &'static str {
-    match (config.pod_shape, of(spec, config)) {
-        (PodShapeChoice::Kubelet | PodShapeChoice::VirtualNode, _) => "set by podShape",
-        (PodShapeChoice::Auto, Shape::VirtualNode) => {
-            "podShape auto: the pod tolerates a virtualNodeTaints key or selects type=virtual-kubelet nodes"
-        }
-        (PodShapeChoice::Auto, Shape::Kubelet) => {
-            "podShape auto: the pod tolerates no virtualNodeTaints key and selects no type=virtual-kubelet nodes"
-        }
+/// Why `spec` gets its shape, for `podprobe-manager render` and the webhook's log.
+pub fn explain(spec: &PodSpec, config: &InjectionConfig, virtual_nodes: &[VirtualNode]) -> String {
+    if config.pod_shape != PodShapeChoice::Auto {
+        return "set by podShape".into();
+    }
+    match reason(spec, config, virtual_nodes) {
+        Some(Reason::Carries) => "podShape auto: the pod tolerates a virtualNodeTaints key or selects type=virtual-kubelet nodes".into(),
+        Some(Reason::Placeable(node)) => format!(
+            "podShape auto: kube-scheduler may place the pod on the virtual node {node} (its name, labels and taints admit it)"
+        ),
+        None => format!(
+            "podShape auto: the pod tolerates no virtualNodeTaints key, selects no type=virtual-kubelet nodes, and none of the {} virtual nodes known admits it",
+            virtual_nodes.len()
+        ),
     }
 }
 
-fn may_run_on_a_virtual_node(spec: &PodSpec, taints: &[String]) -> bool {
+fn reason(
+    spec: &PodSpec,
+    config: &InjectionConfig,
+    virtual_nodes: &[VirtualNode],
+) -> Option<Reason> {
+    if carries_what_a_virtual_node_needs(spec, &config.virtual_node_taints) {
+        return Some(Reason::Carries);
+    }
+    virtual_nodes
+        .iter()
+        .find(|n| n.admits(spec))
+        .map(|n| Reason::Placeable(n.name.clone()))
+}
+
+fn carries_what_a_virtual_node_needs(spec: &PodSpec, taints: &[String]) -> bool {
     let tolerated = spec.tolerations.iter().flatten().any(|t| match &t.key {
         Some(key) if !key.is_empty() => taints.contains(key),
         // No key with `Exists` tolerates every taint.
@@ -81,7 +113,25 @@ fn may_run_on_a_virtual_node(spec: &PodSpec, taints: &[String]) -> bool {
         .as_ref()
         .and_then(|s| s.get(label))
         .is_some_and(|v| v == value);
-    tolerated || selected
+    let required = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
+    // A term (they are ORed) that asks for the label.
+    let affine = required.is_some_and(|r| {
+        r.node_selector_terms.iter().any(|term| {
+            term.match_expressions.iter().flatten().any(|e| {
+                e.key == label
+                    && e.operator == "In"
+                    && e.values.iter().flatten().any(|v| v == value)
+            })
+        })
+    });
+    tolerated || selected || affine
 }
 
 #[cfg(test)]
@@ -132,9 +182,20 @@ mod tests {
                 },
                 Shape::VirtualNode,
             ),
+            (
+                serde_json::from_value(serde_json::json!({
+                    "containers": [],
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                        {"nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+                            {"matchExpressions": [{"key": "type", "operator": "In", "values": ["virtual-kubelet"]}]}]}}}
+                }))
+                .unwrap(),
+                Shape::VirtualNode,
+            ),
         ];
         for (spec, want) in cases {
-            assert_eq!(of(&spec, &auto), want, "{spec:?}");
+            assert_eq!(of(&spec, &auto, &[]), want, "{spec:?}");
         }
     }
 
@@ -142,12 +203,38 @@ mod tests {
     fn an_explicit_choice_wins() {
         let virtual_spec = tolerating(Some("virtual-kubelet.io/provider"), "Exists");
         assert_eq!(
-            of(&virtual_spec, &config(PodShapeChoice::Kubelet)),
+            of(&virtual_spec, &config(PodShapeChoice::Kubelet), &[]),
             Shape::Kubelet
         );
         assert_eq!(
-            of(&PodSpec::default(), &config(PodShapeChoice::VirtualNode)),
+            of(
+                &PodSpec::default(),
+                &config(PodShapeChoice::VirtualNode),
+                &[]
+            ),
             Shape::VirtualNode
         );
+    }
+
+    #[test]
+    fn auto_reads_the_virtual_nodes_the_cluster_has() {
+        let auto = config(PodShapeChoice::Auto);
+        let untainted: k8s_openapi::api::core::v1::Node =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "vk-0", "labels": {"type": "virtual-kubelet"}}
+            }))
+            .unwrap();
+        let nodes = [VirtualNode::of(&untainted, &auto.virtual_node_taints).unwrap()];
+        // A pod with nothing for virtual nodes may land on an untainted one.
+        assert_eq!(of(&PodSpec::default(), &auto, &[]), Shape::Kubelet);
+        assert_eq!(of(&PodSpec::default(), &auto, &nodes), Shape::VirtualNode);
+        assert!(explain(&PodSpec::default(), &auto, &nodes).contains("virtual node vk-0"));
+        // Unless it asks for another node.
+        let elsewhere = PodSpec {
+            node_selector: Some([("pool".into(), "games".into())].into()),
+            ..Default::default()
+        };
+        assert_eq!(of(&elsewhere, &auto, &nodes), Shape::Kubelet);
+        assert!(explain(&elsewhere, &auto, &nodes).contains("none of the 1 virtual nodes"));
     }
 }

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{PpmCache, spawn_store};
+use crate::cache::{PpmCache, spawn_node_store, spawn_store};
 use crate::config::{ConfigError, InjectionConfig, supports_native_sidecars};
 use crate::leader::{Elector, LeaseConfig};
 use crate::metrics::{Metrics, Readiness};
@@ -126,9 +126,14 @@ impl Manager {
             .injection
             .is_some()
             .then(|| spawn_store::<Namespace>(client.clone(), shutdown.clone()));
+        let nodes = options
+            .injection
+            .is_some()
+            .then(|| spawn_node_store(client.clone(), shutdown.clone()));
         tasks.push(tokio::spawn(ready_once_synced(
             ppms.clone(),
             namespaces.clone(),
+            nodes.clone(),
             readiness.clone(),
             shutdown.clone(),
         )));
@@ -147,6 +152,7 @@ impl Manager {
             native_sidecars_supported: native,
             ppms: ppms.clone(),
             namespaces: namespaces.clone(),
+            nodes,
             metrics: metrics.clone(),
         });
         let webhook_addr =
@@ -385,15 +391,32 @@ async fn apiserver_supports_native_sidecars(client: &Client) -> bool {
 }
 
 /// `/readyz` turns ok once the caches the webhooks read have their first list.
+/// How long readiness waits for the node list (see [`ready_once_synced`]).
+const NODES_SYNC: Duration = Duration::from_secs(30);
+
 async fn ready_once_synced(
     ppms: Arc<PpmCache>,
     namespaces: Option<kube::runtime::reflector::Store<Namespace>>,
+    nodes: Option<kube::runtime::reflector::Store<Node>>,
     readiness: Arc<Readiness>,
     shutdown: CancellationToken,
 ) {
     let synced = async {
         if let Some(ns) = &namespaces {
             let _ = ns.wait_until_ready().await;
+        }
+        // The shape decision reads the virtual nodes: a webhook that admitted pods before
+        // knowing them would give a pod bound for an untainted one the kubelet shape. Bounded:
+        // without the grant (RBAC older than this build) the webhook still serves, deciding
+        // from the pod alone, and the watch's warnings say why.
+        if let Some(nodes) = &nodes
+            && tokio::time::timeout(NODES_SYNC, nodes.wait_until_ready())
+                .await
+                .is_err()
+        {
+            tracing::warn!(
+                "no node list after {NODES_SYNC:?}: injected pods get their shape from what they carry alone until it comes (is `list nodes` granted?)"
+            );
         }
         ppms.wait_synced().await;
     };
