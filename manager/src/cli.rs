@@ -53,10 +53,12 @@ pub enum Command {
     CheckWebhooks(crate::check::CheckWebhooksArgs),
     /// Issue the sidecar token of every pod still held by the podprobe.io/sidecar-token
     /// scheduling gate and release it, as the running manager's issuer does, then exit: what
-    /// the chart's uninstall hook runs, so that no pod waits for an issuer that is going away;
-    /// also for an operator whose manager replicas cannot run. A refused token is asked again
-    /// until 30 s after the pod's creation, then the pod is released without it, with a
-    /// Warning Event. Exits 0 once no pod waits, 1 on --timeout naming the pods still waiting.
+    /// the chart's hook runs before `helm uninstall` and before a `helm upgrade` that turns
+    /// injection off, so that no pod waits for an issuer that is going away; also for an
+    /// operator whose manager replicas cannot run. A refused token is asked again until 30 s
+    /// after the pod's creation, then the pod is released without it, with a Warning Event.
+    /// Exits 0 once no pod waits (or when the account may not list pods: it has no injection
+    /// grants, so it gated none), 1 on --timeout naming the pods still waiting.
     /// Uses the in-cluster service account (the manager's: it needs the manager's RBAC), or
     /// KUBECONFIG.
     ReleaseGates(ReleaseGatesArgs),

@@ -5,14 +5,16 @@
 //! token. The ClusterRole allows every one of them (`patch pods`), so the policy decides; the
 //! admin's identical writes are the control. The same for the Secrets it may create (the
 //! sidecar token of a virtual-node pod), where its Role allows any, and for the Events it may
-//! create (its report of a pod running without its sidecar), where its ClusterRole allows any.
+//! create (its report of a pod running without its sidecar), where its ClusterRole allows any,
+//! and for the tokens of the sidecar's account it may mint, where its Role allows any.
 
 mod cluster;
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -23,6 +25,7 @@ const NS: &str = "games";
 const POLICY: &str = "podprobe-manager-pods";
 const SECRETS_POLICY: &str = "podprobe-manager-secrets";
 const EVENTS_POLICY: &str = "podprobe-manager-events";
+const TOKENS_POLICY: &str = "podprobe-manager-tokens";
 const ONLY_OWN_WARNINGS: &str = "may create only its own Warning Events";
 const ONLY_METADATA: &str = "may change only a pod's labels and annotations";
 const ONLY_TOKENS: &str = "may create only its podprobe-token-* Secrets";
@@ -324,6 +327,74 @@ async fn the_manager_creates_only_sidecar_token_secrets() {
     // The policy takes effect asynchronously: until a Secret of another name is refused.
     let probe = token("enforced-yet");
     creates_as_expected::<Secret>(&cp, &manager, SECRETS_POLICY, probe, &cases).await;
+}
+
+/// The tokens the manager may mint of the sidecar's account: bound to a pod, for a year at
+/// most. The audiences are the apiserver's own when none is asked (filled in before admission).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_mints_only_pod_bound_credentials_for_a_year_at_most() {
+    let (cp, manager) = installed().await;
+    let sidecar_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "gs-0", "namespace": NS},
+        "spec": {"serviceAccountName": "podprobe-sidecar",
+                 "containers": [{"name": "game", "image": "game:1"}]}
+    }))
+    .unwrap();
+    let owner = Api::<Pod>::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &sidecar_pod)
+        .await
+        .unwrap();
+    let uid = owner.metadata.uid.unwrap();
+    let request = |bound: Option<Value>, seconds: i64| -> TokenRequest {
+        serde_json::from_value(json!({
+            "spec": {"audiences": [], "boundObjectRef": bound, "expirationSeconds": seconds}
+        }))
+        .unwrap()
+    };
+    let pod_ref = json!({"apiVersion": "v1", "kind": "Pod", "name": "gs-0", "uid": uid});
+    const YEAR: i64 = 365 * 24 * 3600;
+    let only_bound = "may mint only tokens bound to a pod";
+    #[rustfmt::skip] // a table: one case per entry
+    let cases: [(&str, TokenRequest, Option<&str>); 5] = [
+        ("bound to the pod, a year", request(Some(pod_ref.clone()), YEAR), None),
+        ("bound to no object", request(None, YEAR), Some(only_bound)),
+        ("bound to the pod by name alone", request(Some(json!({"apiVersion": "v1", "kind": "Pod", "name": "gs-0"})), YEAR), Some(only_bound)),
+        ("bound to a Secret", request(Some(json!({"apiVersion": "v1", "kind": "Secret", "name": "s", "uid": "u"})), YEAR), Some(only_bound)),
+        ("bound to the pod, two years", request(Some(pod_ref.clone()), 2 * YEAR), Some(only_bound)),
+    ];
+    let accounts: Api<ServiceAccount> = Api::namespaced(manager.clone(), NS);
+    let mint = async |request: &TokenRequest| match accounts
+        .create_token_request("podprobe-sidecar", &PostParams::default(), request)
+        .await
+    {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(s)) => (s.code, s.message),
+        Err(e) => panic!("{e}"),
+    };
+    // The policy takes effect asynchronously: until an unbound token is refused.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mint(&cases[1].1).await.0 != 403 {
+        assert!(
+            Instant::now() < deadline,
+            "{TOKENS_POLICY} never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut failures = Vec::new();
+    for (what, request, expect) in &cases {
+        let answer = mint(request).await;
+        println!("{what:<40} manager {answer:?}");
+        let right = match expect {
+            None => answer.0 == 200,
+            Some(why) => {
+                answer.0 == 403 && answer.1.contains(TOKENS_POLICY) && answer.1.contains(why)
+            }
+        };
+        if !right {
+            failures.push(format!("{what}: expected {expect:?}, got {answer:?}"));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -52,7 +52,8 @@ async fn lint_and_template_in_both_modes() {
         "Service/podprobe-manager",
         "ServiceAccount/podprobe-manager",
         "ServiceAccount/podprobe-sidecar",
-        // The uninstall hook that releases pods still waiting for their sidecar's token.
+        // The hook that releases pods still waiting for their sidecar's token (before an
+        // uninstall, or an upgrade that turns injection off).
         "Job/podprobe-release-gates",
         "ValidatingAdmissionPolicy/podprobe-sidecar-pod-status",
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pod-status",

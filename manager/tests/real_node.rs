@@ -875,17 +875,60 @@ async fn the_chart_runs_the_manager_image_on_the_node() {
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
-/// A virtual-node pod admitted while the manager ran, whose replicas then all stopped before
-/// it was issued its sidecar's token: it waits behind the scheduling gate. `helm uninstall`
-/// (its hook Job, as the manager's service account) issues the token and releases it, where
-/// nothing would lift the gate afterwards.
+/// Virtual-node pods admitted while the manager ran, whose replicas then all stopped before
+/// they were issued their sidecar's token: each waits behind the scheduling gate. A `helm
+/// upgrade` that turns injection off (which removes the issuer) and `helm uninstall` each
+/// first run the chart's hook Job, as the manager's service account, which issues the token
+/// and releases the pod, where nothing would lift the gate afterwards.
 async fn uninstalled_with_a_pod_waiting_for_its_token(
     cp: &testkit::real::ControlPlane,
     pods: &Api<Pod>,
     managers: &Api<Pod>,
 ) {
-    // What the pod webhook makes of a pod for a virtual node, without storing it.
-    let mut pod = game_pod("game-virtual", "unused");
+    // What the pod webhook makes of pods for a virtual node, without storing them.
+    let before_upgrade = admitted_for_a_virtual_node(pods, "game-virtual-0").await;
+    let before_uninstall = admitted_for_a_virtual_node(pods, "game-virtual-1").await;
+
+    // Every replica stops, then the pod is created as admitted: nothing issues its token.
+    stop_every_replica(cp, managers).await;
+    create_gated(pods, &before_upgrade).await;
+    let upgrade = cluster::helm(
+        cp,
+        "upgrade",
+        &["injection.enabled=false".to_owned()],
+        &["--reuse-values", "--wait", "--timeout=3m"],
+    );
+    cluster::run(upgrade, "helm upgrade turning injection off");
+    issued_and_released(cp, pods, "game-virtual-0").await;
+
+    // Injection on again; every replica stops once more, and the release is uninstalled.
+    let upgrade = cluster::helm(
+        cp,
+        "upgrade",
+        &["injection.enabled=true".to_owned()],
+        &["--reuse-values", "--wait", "--timeout=3m"],
+    );
+    cluster::run(upgrade, "helm upgrade turning injection on");
+    stop_every_replica(cp, managers).await;
+    create_gated(pods, &before_uninstall).await;
+    let uninstall = cp
+        .helm()
+        .unwrap()
+        .args(["uninstall", "podprobe", "--namespace", cluster::RELEASE_NS])
+        .args(["--wait", "--timeout=3m"])
+        .output()
+        .expect("run helm");
+    assert!(
+        uninstall.status.success(),
+        "helm uninstall: {}",
+        String::from_utf8_lossy(&uninstall.stderr)
+    );
+    issued_and_released(cp, pods, "game-virtual-1").await;
+}
+
+/// `name` as the webhook admits it for a virtual node (a server-side dry run), ready to create.
+async fn admitted_for_a_virtual_node(pods: &Api<Pod>, name: &str) -> Pod {
+    let mut pod = game_pod(name, "unused");
     let spec = pod.spec.as_mut().unwrap();
     spec.node_name = None;
     spec.tolerations = Some(vec![
@@ -907,8 +950,11 @@ async fn uninstalled_with_a_pod_waiting_for_its_token(
     let meta = &mut admitted.metadata;
     (meta.uid, meta.resource_version, meta.creation_timestamp) = (None, None, None);
     meta.managed_fields = None;
+    admitted
+}
 
-    // Every replica stops, then the pod is created as admitted: nothing issues its token.
+/// Scales the manager to zero and waits until none of its replicas runs.
+async fn stop_every_replica(cp: &testkit::real::ControlPlane, managers: &Api<Pod>) {
     scale_to_zero(cp, cluster::RELEASE_NS, "podprobe-manager").await;
     let selector = ListParams::default().labels("app.kubernetes.io/name=podprobe-manager");
     for replica in managers.list(&selector).await.unwrap().items {
@@ -926,33 +972,33 @@ async fn uninstalled_with_a_pod_waiting_for_its_token(
             .unwrap_or_else(|_| panic!("{name} still runs after 90 s"))
             .unwrap();
     }
-    pods.create(&PostParams::default(), &admitted)
-        .await
-        .unwrap();
-    let gates = |p: &Pod| {
-        let spec = p.spec.as_ref().unwrap();
-        let gates = spec.scheduling_gates.iter().flatten();
-        gates.map(|g| g.name.clone()).collect::<Vec<_>>()
-    };
-    let waiting = pods.get("game-virtual").await.unwrap();
-    assert_eq!(gates(&waiting), ["podprobe.io/sidecar-token"]);
+}
 
-    let uninstall = cp
-        .helm()
-        .unwrap()
-        .args(["uninstall", "podprobe", "--namespace", cluster::RELEASE_NS])
-        .args(["--wait", "--timeout=3m"])
-        .output()
-        .expect("run helm");
+fn gates(pod: &Pod) -> Vec<String> {
+    let spec = pod.spec.as_ref().unwrap();
+    let gates = spec.scheduling_gates.iter().flatten();
+    gates.map(|g| g.name.clone()).collect()
+}
+
+async fn create_gated(pods: &Api<Pod>, admitted: &Pod) {
+    let created = pods.create(&PostParams::default(), admitted).await.unwrap();
+    assert_eq!(gates(&created), ["podprobe.io/sidecar-token"]);
+}
+
+/// `name` released with its token issued, not without it: the Secret the pod names holds its
+/// token and is owned by it.
+async fn issued_and_released(cp: &testkit::real::ControlPlane, pods: &Api<Pod>, name: &str) {
+    let released = pods.get(name).await.unwrap();
     assert!(
-        uninstall.status.success(),
-        "helm uninstall: {}",
-        String::from_utf8_lossy(&uninstall.stderr)
+        gates(&released).is_empty(),
+        "{name}: {:?}",
+        gates(&released)
     );
-    let released = pods.get("game-virtual").await.unwrap();
-    assert!(gates(&released).is_empty(), "{:?}", gates(&released));
-    assert_eq!(label(&released, "podprobe.io/sidecar-token"), None);
-    // Issued, not released without it: the Secret the pod names holds its token.
+    assert_eq!(
+        label(&released, "podprobe.io/sidecar-token"),
+        None,
+        "{name}"
+    );
     let volume = released.spec.as_ref().unwrap().volumes.iter().flatten();
     let secret = volume
         .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
@@ -962,5 +1008,5 @@ async fn uninstalled_with_a_pod_waiting_for_its_token(
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cp.client(), NS);
     let issued = secrets.get(&secret).await.unwrap();
     let owner = &issued.metadata.owner_references.unwrap()[0];
-    assert_eq!(Some(&owner.uid), released.metadata.uid.as_ref());
+    assert_eq!(Some(&owner.uid), released.metadata.uid.as_ref(), "{name}");
 }

@@ -108,6 +108,10 @@ fn release_gates(args: &ReleaseGatesArgs) -> i32 {
                 println!("released {n} pods that waited for their sidecar's token");
                 0
             }
+            Err(e @ crate::sidecar_token::issue::OnceError::NotPermitted(_)) => {
+                println!("no pod to release: {e}");
+                0
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 1

@@ -189,6 +189,12 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationTo
 pub enum OnceError {
     #[error("cannot list the pods waiting for their sidecar's token: {0}")]
     List(#[source] kube::Error),
+    /// The account may not list pods: it has no injection grants, so no pod waits for it
+    /// (the chart's hook after `injection.enabled=false` on a release that had it off too).
+    #[error(
+        "this service account may not list pods ({0}): it has no injection grants, so it gated no pod"
+    )]
+    NotPermitted(#[source] kube::Error),
     #[error(
         "{} pods still wait for their sidecar's token after {took:?}: {}",
         pods.len(),
@@ -222,7 +228,10 @@ pub async fn issue_pending_once(
     let started = tokio::time::Instant::now();
     let mut seen = std::collections::BTreeSet::new();
     loop {
-        let listed = pods.list(&selector).await.map_err(OnceError::List)?;
+        let listed = pods.list(&selector).await.map_err(|e| match e {
+            kube::Error::Api(ref s) if s.code == 403 => OnceError::NotPermitted(e),
+            e => OnceError::List(e),
+        })?;
         // A bound or deleted pod is not the issuer's to release (see `reconcile`).
         let waiting: Vec<Pod> = listed
             .items
