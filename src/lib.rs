@@ -19,6 +19,7 @@ pub mod annotation;
 pub mod apiserver;
 pub mod check;
 pub mod condition;
+pub mod credential;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod events;

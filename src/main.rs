@@ -145,6 +145,7 @@ impl From<RunArgs> for SidecarOptions {
             overwrite_repair: args.overwrite_repair.into(),
             only_on_virtual_nodes: args.only_on_virtual_nodes,
             node_name: args.node_name.filter(|n| !n.is_empty()),
+            renew_token_dir: args.renew_token_dir,
             exec_mode: args.exec_mode.into(),
             exec_agent: AgentExec {
                 dir: args.exec_agent_dir,
@@ -284,6 +285,15 @@ struct RunArgs {
     /// This pod's node (downward API `spec.nodeName`), for `--only-on-virtual-nodes`.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+
+    /// Renew this pod's service-account token before it expires, as the kubelet renews a
+    /// projected one: at 80 % of its lifetime, a TokenRequest of the same account bound to
+    /// this pod (RBAC `create serviceaccounts/token`), written into this directory (a volume
+    /// that outlives a restart of the container), where the client reads it. For a token
+    /// nothing else refreshes: the one podprobe-manager issues for a virtual node, which the
+    /// manager's injection sets this for. Unset: the token is used as mounted.
+    #[arg(long, env = "PODPROBE_RENEW_TOKEN_DIR")]
+    renew_token_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

@@ -71,6 +71,7 @@ pub fn options(
         // The fleet is standalone mode's: no kruise-daemon to leave pods to.
         only_on_virtual_nodes: false,
         node_name: None,
+        renew_token_dir: None,
         exec_mode: match pod.agent_dir {
             Some(_) => ExecMode::Auto,
             None => ExecMode::Local,

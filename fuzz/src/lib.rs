@@ -44,6 +44,7 @@ pub fn admission_review(bytes: &[u8]) {
         ppms: Arc::new(PpmCache::default()),
         namespaces: None,
         nodes: None,
+        issuer: "manager-0".into(),
         metrics: Arc::new(Metrics::default()),
     };
     for path in [MUTATE_PODS_PATH, VALIDATE_PPM_PATH] {

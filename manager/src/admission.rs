@@ -29,6 +29,8 @@ pub struct Injection<'a> {
     pub companion: bool,
     /// The cluster's virtual nodes (none known to `render`).
     pub virtual_nodes: &'a [crate::inject::placement::VirtualNode],
+    /// This replica, as the label value naming the issuer of a virtual-node pod's token.
+    pub issuer: &'a str,
 }
 
 /// The patch for one pod, and what went into it.
@@ -75,6 +77,7 @@ pub fn mutate(
             request_uid: injection.request_uid,
             companion: injection.companion,
             virtual_nodes: injection.virtual_nodes,
+            issuer: injection.issuer,
         };
         let sidecar = inject_ops(pod, injection.config, &ctx);
         injected = !sidecar.is_empty();
@@ -135,6 +138,7 @@ mod tests {
             request_uid: "uid-1",
             companion: false,
             virtual_nodes: &[],
+            issuer: "manager-0",
         }
     }
 

@@ -197,13 +197,21 @@ where
         .reflect(writer)
         .map_err(|e| tracing::warn!("{} watch: {e}", <K as Resource>::kind(&())))
         .for_each(|_| futures::future::ready(()));
+    spawn_until(stream, shutdown);
+    store
+}
+
+/// Runs `reflection` until it ends or `shutdown`.
+fn spawn_until(
+    reflection: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: CancellationToken,
+) {
     tokio::spawn(async move {
         tokio::select! {
             _ = shutdown.cancelled() => {}
-            _ = stream => {}
+            _ = reflection => {}
         }
     });
-    store
 }
 
 /// A reflector store of the cluster's nodes for the pod webhook's shape decision, holding of
@@ -221,12 +229,7 @@ pub fn spawn_node_store(client: Client, shutdown: CancellationToken) -> Store<No
         .reflect(writer)
         .map_err(|e| tracing::warn!("Node watch: {e}"))
         .for_each(|_| futures::future::ready(()));
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = shutdown.cancelled() => {}
-            _ = stream => {}
-        }
-    });
+    spawn_until(stream, shutdown);
     store
 }
 

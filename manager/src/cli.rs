@@ -69,6 +69,20 @@ pub struct ReleaseGatesArgs {
     /// Give up after this long (e.g. 2m).
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub timeout: std::time::Duration,
+    /// The lifetime of the tokens issued (the injection config's `sidecarTokenLifetime`, which
+    /// the chart passes; the sidecars renew them at 80 % of it). From 10m to 8760h.
+    #[arg(long, default_value = "8760h", value_parser = sidecar_token_lifetime)]
+    pub sidecar_token_lifetime: std::time::Duration,
+}
+
+fn sidecar_token_lifetime(text: &str) -> Result<std::time::Duration, String> {
+    let lifetime = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    let (least, most) = (600, 365 * 24 * 3600);
+    if (least..=most).contains(&lifetime.as_secs()) {
+        Ok(lifetime)
+    } else {
+        Err(format!("{text} is not between 10m and 8760h"))
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -231,8 +245,9 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
         // No admission request: the token Secret (virtual-node shape) gets a fixed name.
         request_uid: "",
         companion: args.mode == RenderMode::Companion,
-        // Offline: the shape is read from the pod alone.
+        // Offline: the shape is read from the pod alone, and no replica issues.
         virtual_nodes: &[],
+        issuer: "",
     });
     // As the webhook (in companion mode OpenKruise writes the annotations).
     let standalone = args.mode == RenderMode::Standalone;

@@ -75,6 +75,43 @@ pub struct InjectionConfig {
     /// virtual node, so `podShape: auto` gives it the virtual-node shape.
     #[serde(default = "default_virtual_node_taints")]
     pub virtual_node_taints: Vec<String>,
+    /// The lifetime of the token podprobe-manager issues a virtual-node pod's sidecar, from
+    /// 10m to 8760h (a year; the apiserver may cap it lower): the sidecar renews it at 80 % of
+    /// its lifetime, so a shorter one is renewed more often and is good for less time if
+    /// stolen, and a sidecar that cannot renew it (stopped, or the apiserver unreachable) for
+    /// that long loses its credential.
+    #[serde(default = "default_sidecar_token_lifetime", with = "token_lifetime")]
+    pub sidecar_token_lifetime: std::time::Duration,
+}
+
+fn default_sidecar_token_lifetime() -> std::time::Duration {
+    token_lifetime::MAX
+}
+
+/// `sidecarTokenLifetime`: a duration (`8760h`, `30d`) between what a TokenRequest may ask
+/// (10 minutes) and a year, the most the policies let the manager and the sidecar mint.
+mod token_lifetime {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub const MIN: Duration = Duration::from_secs(600);
+    pub const MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        let lifetime = humantime::parse_duration(&text).map_err(D::Error::custom)?;
+        if !(MIN..=MAX).contains(&lifetime) {
+            return Err(D::Error::custom(format!(
+                "{text} is not between 10m and 8760h (a TokenRequest's least, and a year)"
+            )));
+        }
+        Ok(lifetime)
+    }
 }
 
 /// The `execAgent` setting.
@@ -264,6 +301,22 @@ impl InjectionConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sidecar_token_lifetime_is_a_duration_within_what_may_be_minted() {
+        let c = InjectionConfig::from_yaml("image: p\n", "t").unwrap();
+        assert_eq!(c.sidecar_token_lifetime.as_secs(), 365 * 24 * 3600);
+        let c = InjectionConfig::from_yaml("image: p\nsidecarTokenLifetime: 30d\n", "t").unwrap();
+        assert_eq!(c.sidecar_token_lifetime.as_secs(), 30 * 24 * 3600);
+        for bad in ["5m", "2y", "soon"] {
+            let e = InjectionConfig::from_yaml(
+                &format!("image: p\nsidecarTokenLifetime: {bad}\n"),
+                "t",
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("sidecarTokenLifetime"), "{e}");
+        }
+    }
 
     #[test]
     fn minimal_file_gets_restricted_defaults() {

@@ -42,6 +42,9 @@ pub struct InjectContext<'a> {
     pub companion: bool,
     /// The cluster's virtual nodes, as the webhook knows them (the shape decision).
     pub virtual_nodes: &'a [placement::VirtualNode],
+    /// This replica, which issues the token of a virtual-node pod it admits
+    /// ([`sidecar_token::ISSUER_LABEL`]).
+    pub issuer: &'a str,
 }
 
 /// Whether the pod (by its metadata) opted in: pod label `enabled`, or namespace label
@@ -258,6 +261,17 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
             json(&token.volume),
         );
         volumes_exist = true;
+        if let Some(renewal) = token.renewal {
+            sidecar
+                .volume_mounts
+                .get_or_insert_default()
+                .push(renewal.sidecar_mount);
+            sidecar
+                .env
+                .get_or_insert_default()
+                .push(renewal.sidecar_env);
+            append(&mut ops, "/spec/volumes", true, json(&renewal.volume));
+        }
     }
     // Ops on the pod's own containers by index: after the token's removals, before the
     // sidecar is appended.
@@ -343,7 +357,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         });
     }
     if issued {
-        ops.extend(sidecar_token::await_issue_ops(pod));
+        ops.extend(sidecar_token::await_issue_ops(pod, ctx.issuer));
     }
     ops
 }
@@ -527,15 +541,25 @@ mod tests {
                 ("POD_UID", "metadata.uid"),
                 ("PODPROBE_SOURCE", "api"),
                 ("PODPROBE_OVERWRITE_REPAIR", "immediate"),
+                ("PODPROBE_RENEW_TOKEN_DIR", token::RENEWAL_MOUNT_PATH),
             ]
         );
+        // The issued token, and where the sidecar keeps it renewed.
         assert_eq!(
             mounts(sidecar),
-            [(token::TOKEN_VOLUME, token::TOKEN_MOUNT_PATH)]
+            [
+                (token::TOKEN_VOLUME, token::TOKEN_MOUNT_PATH),
+                (token::RENEWAL_VOLUME, token::RENEWAL_MOUNT_PATH)
+            ]
         );
         let volumes = spec.volumes.unwrap();
         let names: Vec<_> = volumes.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(names, ["own-token", token::TOKEN_VOLUME]);
+        assert_eq!(
+            names,
+            ["own-token", token::TOKEN_VOLUME, token::RENEWAL_VOLUME]
+        );
+        let renewal = volumes[2].empty_dir.as_ref().unwrap();
+        assert_eq!(renewal.medium.as_deref(), Some("Memory"));
         // The issued Secret is optional: a pod released without one still starts.
         let sources = volumes[1]
             .projected

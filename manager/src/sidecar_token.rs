@@ -26,6 +26,10 @@ pub const GATE: &str = "podprobe.io/sidecar-token";
 pub const LABEL: &str = "podprobe.io/sidecar-token";
 pub const PENDING: &str = "pending";
 pub const REFUSED: &str = "refused";
+/// The label that names the replica whose webhook admitted the pod, which issues its token;
+/// another replica takes it over only after [`issue::TAKEOVER`] (so each pod costs one
+/// TokenRequest, one Secret and one release, unless that replica went away).
+pub const ISSUER_LABEL: &str = "podprobe.io/sidecar-token-issuer";
 /// Prefix of the issued Secrets' names.
 pub const SECRET_PREFIX: &str = "podprobe-token-";
 
@@ -42,18 +46,38 @@ pub fn secret_name(request_uid: &str) -> String {
     )
 }
 
-/// Admission ops for a pod not bound yet: the label the issuer finds it by, and the gate that
-/// holds it until then.
-pub fn await_issue_ops(pod: &Pod) -> Vec<PatchOp> {
-    let label = match &pod.metadata.labels {
-        Some(_) => PatchOp::Add {
-            path: format!("/metadata/labels/{}", escape(LABEL)),
-            value: Value::String(PENDING.into()),
-        },
-        None => PatchOp::Add {
+/// `identity` (a replica's) as a label value: its last 63 characters, starting with a letter
+/// or digit.
+pub fn issuer_value(identity: &str) -> String {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    let cleaned: String = identity
+        .chars()
+        .map(|c| if valid(c) { c } else { '-' })
+        .collect();
+    let tail = &cleaned[cleaned.len().saturating_sub(63)..];
+    tail.trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_owned()
+}
+
+/// Admission ops for a pod not bound yet: the labels the issuer finds it by (pending, and by
+/// which replica, `issuer`), and the gate that holds it until then.
+pub fn await_issue_ops(pod: &Pod, issuer: &str) -> Vec<PatchOp> {
+    let mut ops = match &pod.metadata.labels {
+        Some(_) => vec![
+            PatchOp::Add {
+                path: format!("/metadata/labels/{}", escape(LABEL)),
+                value: Value::String(PENDING.into()),
+            },
+            PatchOp::Add {
+                path: format!("/metadata/labels/{}", escape(ISSUER_LABEL)),
+                value: Value::String(issuer.into()),
+            },
+        ],
+        None => vec![PatchOp::Add {
             path: "/metadata/labels".into(),
-            value: json!({ LABEL: PENDING }),
-        },
+            value: json!({ LABEL: PENDING, ISSUER_LABEL: issuer }),
+        }],
     };
     let gate = json!({ "name": GATE });
     let gated = match pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()) {
@@ -66,7 +90,8 @@ pub fn await_issue_ops(pod: &Pod) -> Vec<PatchOp> {
             value: json!([gate]),
         },
     };
-    vec![label, gated]
+    ops.push(gated);
+    ops
 }
 
 #[cfg(test)]
@@ -82,5 +107,24 @@ mod tests {
             "{a}"
         );
         assert_ne!(a, secret_name("another"));
+    }
+
+    #[test]
+    fn an_issuer_is_a_valid_label_value() {
+        assert_eq!(issuer_value("manager-0"), "manager-0");
+        let long = format!(
+            "_{}_123_00ff00ff",
+            "podprobe-manager-7d9f8c6b5-xk2lp".repeat(3)
+        );
+        let value = issuer_value(&long);
+        assert!(
+            value.len() <= 63 && value.ends_with("_123_00ff00ff"),
+            "{value}"
+        );
+        assert!(
+            value.starts_with(|c: char| c.is_ascii_alphanumeric()),
+            "{value}"
+        );
+        assert_eq!(issuer_value("a/b c"), "a-b-c");
     }
 }

@@ -75,6 +75,9 @@ pub struct Webhooks {
     pub namespaces: Option<Store<Namespace>>,
     /// The cluster's nodes, for the injected pod's shape; `None` without injection.
     pub nodes: Option<Store<Node>>,
+    /// This replica, as the label value naming the issuer of the pods it admits
+    /// ([`crate::sidecar_token::issuer_value`]).
+    pub issuer: String,
     pub metrics: Arc<Metrics>,
 }
 
@@ -190,6 +193,7 @@ impl Webhooks {
             request_uid: &req.uid,
             companion: self.mode == Mode::Companion,
             virtual_nodes: &virtual_nodes,
+            issuer: &self.issuer,
         });
         Ok(admission::mutate(&pod, &ppms, self.mode == Mode::Standalone, injection).ops)
     }
@@ -385,6 +389,7 @@ mod tests {
             ppms: Arc::new(PpmCache::default()),
             namespaces: None,
             nodes: None,
+            issuer: "manager-0".into(),
             metrics: Arc::new(Metrics::default()),
         }
     }

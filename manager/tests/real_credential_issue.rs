@@ -46,20 +46,6 @@ async fn create_game_pod(running: &installed::Running, name: &str) -> Pod {
     installed::create_once_admitted(running, &pod).await
 }
 
-/// The Secret the pod's token volume names.
-fn token_secret(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .unwrap()
-        .volumes
-        .iter()
-        .flatten()
-        .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
-        .flatten()
-        .find_map(|s| Some(s.secret.as_ref()?.name.clone()))
-        .expect("a token volume naming a Secret")
-}
-
 fn gated(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
@@ -101,7 +87,7 @@ async fn a_pod_naming_another_pods_token_secret_never_gets_or_overwrites_it() {
     create_game_pod(&running, "victim").await;
     let victim = wait_released(&running, "victim").await;
     assert_eq!(support::label(&victim, LABEL), None, "issued: {victim:?}");
-    let secret_name = token_secret(&victim);
+    let secret_name = support::token_secret(&victim);
     let secrets: Api<Secret> = Api::namespaced(running.cp.client(), NS);
     let issued = secrets.get(&secret_name).await.unwrap();
 
@@ -115,7 +101,7 @@ async fn a_pod_naming_another_pods_token_secret_never_gets_or_overwrites_it() {
     attacker["spec"]["schedulingGates"] = json!([{"name": GATE}]);
     attacker.as_object_mut().unwrap().remove("status");
     let attacker: Pod = serde_json::from_value(attacker).unwrap();
-    assert_eq!(token_secret(&attacker), secret_name);
+    assert_eq!(support::token_secret(&attacker), secret_name);
     let created = Api::<Pod>::namespaced(running.cp.client(), NS)
         .create(&PostParams::default(), &attacker)
         .await
@@ -219,7 +205,7 @@ async fn a_late_rolebinding_still_issues(running: &installed::Running) {
     let released = wait_released(running, "late").await;
     assert_eq!(support::label(&released, LABEL), None, "{released:?}");
     let secret = Api::<Secret>::namespaced(running.cp.client(), NS)
-        .get(&token_secret(&released))
+        .get(&support::token_secret(&released))
         .await
         .expect("the issued Secret");
     let owner = &secret.metadata.owner_references.as_ref().unwrap()[0];

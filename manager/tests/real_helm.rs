@@ -59,6 +59,10 @@ async fn lint_and_template_in_both_modes() {
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pod-status",
         "ValidatingAdmissionPolicy/podprobe-sidecar-pods-exec",
         "ValidatingAdmissionPolicyBinding/podprobe-sidecar-pods-exec",
+        // The sidecars renew their issued tokens, for their own pods only.
+        "ValidatingAdmissionPolicy/podprobe-sidecar-token-renewal",
+        "ValidatingAdmissionPolicyBinding/podprobe-sidecar-token-renewal",
+        "ValidatingAdmissionPolicy/podprobe-manager-tokens",
         // The sidecars' own API Priority and Fairness level.
         "FlowSchema/podprobe-sidecars",
         "PriorityLevelConfiguration/podprobe-sidecars",
@@ -788,8 +792,15 @@ async fn an_exec_grant_needs_an_enforcing_admission_policy() {
     };
     let grants_exec = |out: &std::process::Output| grants(out, "pods/exec");
     let grants_secrets = |out: &std::process::Output| grants(out, "secrets");
+    // The manager's, and the sidecar's own (renewing its issued token).
+    let grants_tokens = |out: &std::process::Output| grants(out, "serviceaccounts/token");
     let defaults = template(&[]);
-    assert!(defaults.status.success() && grants_exec(&defaults) && grants_secrets(&defaults));
+    assert!(
+        defaults.status.success()
+            && grants_exec(&defaults)
+            && grants_secrets(&defaults)
+            && grants_tokens(&defaults)
+    );
 
     for unenforced in [
         &["admissionPolicy.enabled=false"][..],
@@ -810,14 +821,18 @@ async fn an_exec_grant_needs_an_enforcing_admission_policy() {
         assert!(
             !refused.status.success()
                 && stderr.contains("`create secrets`")
-                && stderr.contains("it is not enforced"),
+                && stderr.contains("`create serviceaccounts/token`")
+                && stderr.contains("they are not enforced"),
             "{without_exec:?}: {stderr}"
         );
         let mut kubelet_pods_only = without_exec.clone();
         kubelet_pods_only.push("injection.config.podShape=kubelet");
         let rendered = template(&kubelet_pods_only);
         assert!(
-            rendered.status.success() && !grants_exec(&rendered) && !grants_secrets(&rendered),
+            rendered.status.success()
+                && !grants_exec(&rendered)
+                && !grants_secrets(&rendered)
+                && !grants_tokens(&rendered),
             "{kubelet_pods_only:?}: {}",
             String::from_utf8_lossy(&rendered.stderr)
         );

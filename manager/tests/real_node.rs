@@ -999,12 +999,7 @@ async fn issued_and_released(cp: &testkit::real::ControlPlane, pods: &Api<Pod>, 
         None,
         "{name}"
     );
-    let volume = released.spec.as_ref().unwrap().volumes.iter().flatten();
-    let secret = volume
-        .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
-        .flatten()
-        .find_map(|s| s.secret.as_ref().map(|s| s.name.clone()))
-        .expect("a token volume naming a Secret");
+    let secret = support::token_secret(&released);
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cp.client(), NS);
     let issued = secrets.get(&secret).await.unwrap();
     let owner = &issued.metadata.owner_references.unwrap()[0];

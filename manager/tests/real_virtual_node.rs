@@ -42,6 +42,15 @@ const ALL: [&str; 4] = [IDLE, HEALTHY, ACCEPTING, SERVING];
 /// The virtual node (`agent`) with kube-scheduler, and the chart in `mode` with its defaults
 /// but for the sidecar image, which is the one built here.
 async fn virtual_node_and_chart(agent: VirtualAgent, mode: Mode) -> (Running, Node) {
+    virtual_node_and_chart_with(agent, mode, &[]).await
+}
+
+/// [`virtual_node_and_chart`] with more `--set` values.
+async fn virtual_node_and_chart_with(
+    agent: VirtualAgent,
+    mode: Mode,
+    values: &[&str],
+) -> (Running, Node) {
     let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
     let mut cp = ControlPlane::start_on(network.host_ip())
         .await
@@ -64,7 +73,11 @@ async fn virtual_node_and_chart(agent: VirtualAgent, mode: Mode) -> (Running, No
             .unwrap_or_else(|e| panic!("kruise-manager: {e}"));
     }
     let image = format!("injection.config.image={SIDECAR_IMAGE}");
-    let running = install_and_run_with(cp, mode, &["--set", &image]).await;
+    let mut args = vec!["--set", &image];
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    let running = install_and_run_with(cp, mode, &args).await;
     (running, node)
 }
 
@@ -237,12 +250,7 @@ async fn runs_the_injected_pod_and_its_probes(agent: VirtualAgent) {
     // The game container is killed: the provider starts a new one (restartPolicy Always);
     // the probes fail while it is gone, and the new one is not idle.
     let old_game = container_id(&healthy, "game").unwrap();
-    let killed = node
-        .ctr()
-        .args(["tasks", "kill", "--signal", "SIGKILL", &old_game])
-        .status()
-        .unwrap();
-    assert!(killed.success(), "ctr tasks kill {old_game}");
+    kill(&node, &old_game);
     let restarted = wait_for(&pods, "game-0", "the new container's results", |p| {
         restart_count(p, "game") == 1 && game_up(p) && label(p, IDLE).as_deref() == Some("false")
     })
@@ -334,6 +342,126 @@ async fn virtual_node_untainted_runs_a_pod_that_carries_nothing_for_it_with_its_
         sidecar_log.contains("reads its probes from the apiserver"),
         "the virtual-node shape's source:\n{sidecar_log}"
     );
+}
+
+/// A game server that outlives its sidecar's token: the chart with the shortest token lifetime
+/// a TokenRequest may ask (10 minutes) stands for an apiserver that caps tokens
+/// (`--service-account-max-token-expiration`, at least an hour) and for a month of running.
+/// The sidecar renews the issued token at 80 % of its lifetime with a TokenRequest bound to
+/// its own pod, which the chart's policy admits; past the issued token's expiry, when that token
+/// is refused, the probes' results still reach the pod, and a sidecar restarted then starts
+/// from the renewed token it kept in the pod's memory volume.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() {
+    let (running, node) = virtual_node_and_chart_with(
+        VirtualAgent::default(),
+        Mode::Standalone,
+        &["injection.config.sidecarTokenLifetime=10m"],
+    )
+    .await;
+    let cp = &running.cp;
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &game_ppm())
+        .await
+        .unwrap();
+    let pods = create_admitted(cp, &game_pod("game-0")).await;
+    let up = wait_for(
+        &pods,
+        "game-0",
+        "probes written on the virtual node",
+        game_up,
+    )
+    .await;
+
+    // The token issued into the pod's Secret, and when it expires.
+    let secret_name = support::token_secret(&up);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cp.client(), NS);
+    let secret = secrets.get(&secret_name).await.unwrap();
+    let issued = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    let expires = podprobe::credential::Claims::of(&issued).unwrap().expires;
+    let lifetime = expires.duration_since(jiff::Timestamp::now());
+    assert!(
+        lifetime <= jiff::SignedDuration::from_mins(10),
+        "the chart's lifetime: {lifetime:#}"
+    );
+
+    // Past its expiry: the apiserver accepts a token up to a minute after its `exp` (its JWT
+    // validation's leeway) and caches a review for 10 s, so the issued token is asked with
+    // until it is refused.
+    let until = jiff::Timestamp::now().duration_until(expires);
+    let wait = until.max(jiff::SignedDuration::ZERO).unsigned_abs();
+    eprintln!("waiting {wait:?}, until the issued token's expiry at {expires}");
+    tokio::time::sleep(wait).await;
+    let with_issued = Api::<Pod>::namespaced(cp.client_for_token(&issued), NS);
+    testkit::wait::until_some(
+        Duration::from_secs(120),
+        "the issued token refused after its expiry",
+        async || match with_issued.get("game-0").await {
+            Err(kube::Error::Api(e)) if e.code == 401 => Some(()),
+            _ => {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                None
+            }
+        },
+    )
+    .await;
+    let renewals = sidecar_token_requests(cp);
+    assert!(renewals >= 1, "the sidecar asked for {renewals} tokens");
+
+    // The sidecar still writes: the idle probe flips.
+    set_idle(&pods, true, "idle after the issued token expired").await;
+
+    // Restarted, the sidecar takes the renewed token it kept.
+    let before = pods.get("game-0").await.unwrap();
+    kill(&node, &container_id(&before, SIDECAR).unwrap());
+    wait_for(&pods, "game-0", "the sidecar restarted", |p| {
+        restart_count(p, SIDECAR) == 1
+    })
+    .await;
+    set_idle(&pods, false, "busy, written by the restarted sidecar").await;
+}
+
+/// Makes game-0 idle (or busy) and waits until its idle condition says so.
+async fn set_idle(pods: &Api<Pod>, idle: bool, what: &str) {
+    let script = if idle { "touch" } else { "rm" };
+    exec(
+        pods,
+        "game-0",
+        "game",
+        &format!("{script} /var/run/game/idle"),
+    )
+    .await;
+    let want = if idle { "True" } else { "False" };
+    wait_for(pods, "game-0", what, |p| {
+        condition_status(p, IDLE).as_deref() == Some(want)
+    })
+    .await;
+}
+
+/// SIGKILL to the container `id` on the node, as an OOM kill would end it.
+fn kill(node: &Node, id: &str) {
+    let killed = node
+        .ctr()
+        .args(["tasks", "kill", "--signal", "SIGKILL", id])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "ctr tasks kill {id}");
+}
+
+/// TokenRequests the sidecar's own account made that the apiserver granted (the audit log).
+fn sidecar_token_requests(cp: &ControlPlane) -> usize {
+    let sidecar = format!("system:serviceaccount:{NS}:podprobe-sidecar");
+    let events = cp.audit().unwrap();
+    events
+        .iter()
+        .filter(|e| e.user.username == sidecar && e.verb == "create")
+        .filter(|e| {
+            e.object_ref
+                .as_ref()
+                .is_some_and(|o| o.resource == "serviceaccounts" && o.subresource == "token")
+        })
+        .filter(|e| e.response_status.as_ref().is_some_and(|s| s.code == 201))
+        .count()
 }
 
 /// How often the node's agent has written `pod`'s status (the audit log).

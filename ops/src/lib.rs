@@ -7,10 +7,12 @@
 //!   webhooks use it too);
 //! - [`backoff`]: how they wait after a failed request to the apiserver (watches, controllers,
 //!   status writes);
-//! - [`entry`]: logging from `--log-level`/`--log-format`, and the signal that ends them.
+//! - [`entry`]: logging from `--log-level`/`--log-format`, and the signal that ends them;
+//! - [`token`]: the pod-bound TokenRequest (the manager's issue, the sidecar's renewal).
 
 pub mod backoff;
 pub mod connection;
 pub mod endpoints;
 pub mod entry;
 pub mod process;
+pub mod token;

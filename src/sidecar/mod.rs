@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apiserver::{self, Clients, Idle};
 use crate::condition::writer::ApiserverAnswered;
+use crate::credential;
 use crate::events::{EventBudget, EventSink};
 use crate::metrics::Metrics;
 use crate::pod::{self, PodIdentity, PodView, SourceKind, StatusReader, StatusReads};
@@ -55,6 +56,9 @@ pub struct SidecarOptions {
     pub only_on_virtual_nodes: bool,
     /// `NODE_NAME`: the node the pod runs on.
     pub node_name: Option<String>,
+    /// Renew the pod-bound token before it expires, keeping it in this directory
+    /// ([`credential`]); the manager's injection sets it where the token is issued once.
+    pub renew_token_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -109,14 +113,34 @@ async fn run_with(
         tracing::info!("serving /metrics, /healthz and /readyz on {local}");
     }
     let mut shutdown = std::pin::pin!(shutdown);
-    let config = tokio::select! {
+    let mut config = tokio::select! {
         config = config => config,
         () = &mut shutdown => return Ok(()),
     };
+    let renewal = options.renew_token_dir.as_deref().and_then(|dir| {
+        credential::prepare(&mut config, dir)
+            .inspect_err(|e| {
+                tracing::error!(
+                    "cannot renew the sidecar's token in {} ({e}); using it as given until it expires",
+                    dir.display()
+                );
+            })
+            .ok()
+    });
     let (source, why, clients) = tokio::select! {
         chosen = source_and_clients(&options, &config) => chosen?,
         () = &mut shutdown => return Ok(()),
     };
+    // The renewal stops when `run` returns, however it returns.
+    let renewal_stop = CancellationToken::new();
+    let _stop_renewal_on_return = renewal_stop.clone().drop_guard();
+    if let Some(renewal) = renewal {
+        tokio::spawn(credential::renew(
+            clients.requests.clone(),
+            renewal,
+            renewal_stop,
+        ));
+    }
     // Before anything about probing is logged: a sidecar that stands down probes nothing.
     if options.only_on_virtual_nodes {
         let decided = tokio::select! {

@@ -99,7 +99,14 @@ fn release_gates(args: &ReleaseGatesArgs) -> i32 {
             }
         };
         let metrics = std::sync::Arc::new(crate::metrics::Metrics::new(false));
-        match crate::sidecar_token::issue::issue_pending_once(client, metrics, args.timeout).await {
+        match crate::sidecar_token::issue::issue_pending_once(
+            client,
+            metrics,
+            args.sidecar_token_lifetime,
+            args.timeout,
+        )
+        .await
+        {
             Ok(0) => {
                 println!("no pod waits for its sidecar's token");
                 0

@@ -1,6 +1,7 @@
-//! Whether a pod may be placed on a given virtual node, read as kube-scheduler reads it: the
-//! node named by `spec.nodeName`, `nodeSelector`, the required node affinity, and the node's
-//! `NoSchedule`/`NoExecute` taints against the pod's tolerations. The shape decision uses it
+//! Whether kube-scheduler may place a pod on a given virtual node, read as it reads it:
+//! `nodeSelector`, the required node affinity, and the node's `NoSchedule`/`NoExecute` taints
+//! against the pod's tolerations. A pod bound at creation (`spec.nodeName`) is placed by no
+//! scheduler; its shape is read from what it carries, as before. The shape decision uses it
 //! for the virtual nodes the cluster has at admission, so that a pod that reaches one by
 //! affinity, or an untainted one by default, gets the shape its provider accepts.
 
@@ -41,32 +42,20 @@ impl VirtualNode {
         })
     }
 
-    /// Whether kube-scheduler may place a pod of `spec` on this node.
+    /// Whether kube-scheduler may place a pod of `spec` on this node. A pod bound at creation
+    /// (`spec.nodeName`) is placed by no scheduler: never.
     pub fn admits(&self, spec: &PodSpec) -> bool {
-        // Bound at creation: no scheduler, and a kubelet or provider runs it whatever the
-        // node's `NoSchedule` taints.
-        if let Some(bound) = spec.node_name.as_deref() {
-            return bound == self.name;
+        if spec.node_name.is_some() {
+            return false;
         }
         let selected = spec
             .node_selector
             .iter()
             .flatten()
             .all(|(k, v)| self.labels.get(k) == Some(v));
-        let required = spec
-            .affinity
-            .as_ref()
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|a| {
-                a.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            });
         // The terms are ORed; a term matches when all of its requirements do.
-        let affine = required.is_none_or(|r| {
-            r.node_selector_terms
-                .iter()
-                .any(|term| self.matches_term(term))
-        });
+        let affine = required_terms(spec)
+            .is_none_or(|terms| terms.iter().any(|term| self.matches_term(term)));
         let tolerations = spec.tolerations.as_deref().unwrap_or_default();
         let tolerated = self
             .taints
@@ -87,6 +76,15 @@ impl VirtualNode {
         expressions.iter().all(|r| requirement(r, &self.labels))
             && fields.iter().all(|r| requirement(r, &name))
     }
+}
+
+/// The terms of the pod's required node affinity, if it has one.
+pub fn required_terms(spec: &PodSpec) -> Option<&[NodeSelectorTerm]> {
+    let affinity = spec.affinity.as_ref()?.node_affinity.as_ref()?;
+    let required = affinity
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()?;
+    Some(&required.node_selector_terms)
 }
 
 /// One node selector requirement against `values` (labels, or `metadata.name`).
@@ -204,12 +202,17 @@ mod tests {
         let cases = [
             ("nothing asked", spec(json!({})), true, false),
             (
-                "named elsewhere",
+                "bound elsewhere",
                 spec(json!({"nodeName": "n1"})),
                 false,
                 false,
             ),
-            ("named", spec(json!({"nodeName": "vk-0"})), true, false),
+            (
+                "bound there, by no scheduler",
+                spec(json!({"nodeName": "vk-0"})),
+                false,
+                false,
+            ),
             (
                 "selector of another label",
                 spec(json!({"nodeSelector": {"pool": "games"}})),

@@ -20,14 +20,16 @@
 //!   every taint), or a `type: virtual-kubelet` node selector or required node affinity, the
 //!   label the library gives its nodes; this holds for virtual nodes that do not exist yet;
 //! - from the virtual nodes the cluster has (the webhook watches nodes): one that kube-scheduler
-//!   may place the pod on ([`super::placement`]), by its name, labels, affinity or an untainted node.
+//!   may place the pod on ([`super::placement`]), by its labels, its name in an affinity, or
+//!   for want of a taint. A pod bound at creation (`spec.nodeName`) passes no scheduler and is
+//!   read the first way only.
 //!
 //! A toleration another webhook adds after this one is seen only if the apiserver calls this
 //! webhook again and the sidecar is not injected yet: the shape is decided once.
 
 use k8s_openapi::api::core::v1::PodSpec;
 
-use super::placement::{VIRTUAL_NODE_LABEL, VirtualNode};
+use super::placement::{VIRTUAL_NODE_LABEL, VirtualNode, required_terms};
 use crate::config::{InjectionConfig, PodShapeChoice};
 
 /// The shape of one injected pod.
@@ -113,17 +115,9 @@ fn carries_what_a_virtual_node_needs(spec: &PodSpec, taints: &[String]) -> bool 
         .as_ref()
         .and_then(|s| s.get(label))
         .is_some_and(|v| v == value);
-    let required = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        });
     // A term (they are ORed) that asks for the label.
-    let affine = required.is_some_and(|r| {
-        r.node_selector_terms.iter().any(|term| {
+    let affine = required_terms(spec).is_some_and(|terms| {
+        terms.iter().any(|term| {
             term.match_expressions.iter().flatten().any(|e| {
                 e.key == label
                     && e.operator == "In"

@@ -14,13 +14,15 @@
 //! policy refuses, and absent since Kubernetes 1.24) and skips `downwardAPI` sources. So the
 //! virtual-node shape mounts a Secret instead, which podprobe-manager fills with a token bound
 //! to the pod once it exists ([`crate::sidecar_token`]), while a scheduling gate holds the pod
-//! off every node until then.
+//! off every node until then. Nothing refreshes that token, so the sidecar renews it itself
+//! before it expires, into a memory `emptyDir` of the pod (`podprobe run --renew-token-dir`).
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath,
-    ObjectFieldSelector, PodSpec, ProjectedVolumeSource, SecretProjection,
+    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, EmptyDirVolumeSource,
+    EnvVar, KeyToPath, ObjectFieldSelector, PodSpec, ProjectedVolumeSource, SecretProjection,
     ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
 use crate::patch::PatchOp;
@@ -33,13 +35,50 @@ pub const TOKEN_VOLUME: &str = "podprobe-api-access";
 const GENERATED_PREFIX: &str = "kube-api-access-";
 /// The generated token's lifetime, kept: the kubelet refreshes it at 80 %.
 const EXPIRATION_SECONDS: i64 = 3607;
+/// Where the sidecar keeps the issued token it renews (`podprobe run --renew-token-dir`): a
+/// volume of the pod, so a restarted sidecar finds the token it renewed last.
+pub const RENEWAL_VOLUME: &str = "podprobe-credential";
+pub const RENEWAL_MOUNT_PATH: &str = "/var/run/podprobe/credential";
 
 /// The token's move to the sidecar: ops to apply before any other (they remove by index), the
-/// mount to give the sidecar and the volume it mounts.
+/// mount to give the sidecar and the volume it mounts; with an issued token, what the sidecar
+/// needs to renew it.
 pub struct TokenPlan {
     pub ops: Vec<PatchOp>,
     pub sidecar_mount: VolumeMount,
     pub volume: Volume,
+    pub renewal: Option<Renewal>,
+}
+
+/// The issued token's renewal by the sidecar: its directory (an `emptyDir` in memory, which
+/// azure-aci accepts) and the env that names it.
+pub struct Renewal {
+    pub sidecar_mount: VolumeMount,
+    pub volume: Volume,
+    pub sidecar_env: EnvVar,
+}
+
+fn renewal() -> Renewal {
+    Renewal {
+        sidecar_mount: VolumeMount {
+            name: RENEWAL_VOLUME.into(),
+            mount_path: RENEWAL_MOUNT_PATH.into(),
+            ..Default::default()
+        },
+        volume: Volume {
+            name: RENEWAL_VOLUME.into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity("1Mi".into())),
+            }),
+            ..Default::default()
+        },
+        sidecar_env: EnvVar {
+            name: "PODPROBE_RENEW_TOKEN_DIR".into(),
+            value: Some(RENEWAL_MOUNT_PATH.into()),
+            ..Default::default()
+        },
+    }
 }
 
 /// How to move `spec`'s token to the sidecar; `None` when the pod asked for the token in every
@@ -105,6 +144,7 @@ pub fn plan(spec: &PodSpec, issued_secret: Option<&str>) -> Option<TokenPlan> {
             None => projected_token_volume(),
             Some(secret) => issued_token_volume(secret),
         },
+        renewal: issued_secret.map(|_| renewal()),
     })
 }
 

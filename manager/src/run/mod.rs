@@ -146,6 +146,13 @@ impl Manager {
             metrics.cert_reload_errors.clone(),
         )));
 
+        // Names this replica on the virtual-node pods it admits, whose tokens it then issues.
+        let identity = options
+            .leader
+            .as_ref()
+            .map(|l| l.identity.clone())
+            .unwrap_or_else(crate::leader::default_identity);
+        let issuer = crate::sidecar_token::issuer_value(&identity);
         let hooks = Arc::new(Webhooks {
             mode: options.mode,
             injection: options.injection.clone(),
@@ -153,6 +160,7 @@ impl Manager {
             ppms: ppms.clone(),
             namespaces: namespaces.clone(),
             nodes,
+            issuer: issuer.clone(),
             metrics: metrics.clone(),
         });
         let webhook_addr =
@@ -172,11 +180,13 @@ impl Manager {
             None => None,
         };
 
-        if options.injection.is_some() {
+        if let Some(injection) = &options.injection {
             // Every replica, in both modes: pods on virtual nodes wait for it, leader or not.
             tasks.push(tokio::spawn(crate::sidecar_token::issue::run(
                 client.clone(),
                 metrics.clone(),
+                injection.sidecar_token_lifetime,
+                issuer,
                 shutdown.clone(),
             )));
         }

@@ -1,7 +1,10 @@
 //! The issuer: for each pod labelled pending, a token bound to it in its Secret, then the
-//! pod released. Every replica runs it (a second replica finds the Secret there and waits,
-//! with backoff, while the first releases the pod), so injection and issue work without a
-//! leader, in both modes.
+//! pod released. Every replica runs it, so injection and issue work without a leader, in both
+//! modes; each issues the pods its own webhook admitted (they carry its name,
+//! [`ISSUER_LABEL`]), and those of another replica only once [`TAKEOVER`] has passed since the
+//! pod's creation (that replica went away), so a burst costs one TokenRequest, one Secret and
+//! one release per pod. A replica that finds the Secret written by another waits, with
+//! backoff, while that one releases the pod.
 //!
 //! What can go wrong shows on the pod, as Events: a refusal (no RoleBinding or ServiceAccount
 //! yet: a `helm upgrade` that adds a namespace may land after its pods) is asked again with
@@ -15,7 +18,6 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
@@ -28,22 +30,20 @@ use podprobe_ops::backoff::{AlreadyBackedOff, Failure, Policy, WatchRetry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{GATE, LABEL, PENDING, REFUSED};
+use super::{GATE, ISSUER_LABEL, LABEL, PENDING, REFUSED};
 use crate::inject::TOKEN_VOLUME;
 use crate::metrics::Metrics;
 use crate::patch::escape;
 use crate::retries::{PerObject, Retries};
 
-/// The lifetime asked for: a year, or less where the apiserver caps it
-/// (`--service-account-max-token-expiration`). The token is bound to the pod, so it stops
-/// working when the pod is deleted; a provider copies the Secret once, at start, so a shorter
-/// one would leave a long-lived pod without credentials.
-pub const EXPIRATION_SECONDS: i64 = 365 * 24 * 3600;
-
 /// How long after a pod's creation a refused TokenRequest is asked again before the pod is
 /// released without its token: its gate then holds it at most about this long (the last wait
 /// of the backoff, at most 30 s, comes on top), with a Warning Event on it meanwhile.
 pub const REFUSAL_GRACE: Duration = Duration::from_secs(30);
+
+/// How long after a pod's creation it is left to the replica that admitted it: past that, any
+/// replica issues it (the one that admitted it stopped, or is stuck).
+pub const TAKEOVER: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum IssueError {
@@ -94,6 +94,13 @@ const RELEASE_RETRY: Duration = Duration::from_secs(30);
 
 struct Context {
     client: Client,
+    /// The lifetime asked for (`sidecarTokenLifetime`; the apiserver may cap it,
+    /// `--service-account-max-token-expiration`). The token is bound to the pod, so it stops
+    /// working when the pod is deleted; the sidecar renews it at 80 % of its lifetime
+    /// (src/credential.rs), since a provider copies the Secret once, at start.
+    lifetime: Duration,
+    /// This replica's [`ISSUER_LABEL`] value; `None` takes every pod (`release-gates`).
+    issuer: Option<String>,
     metrics: Arc<Metrics>,
     retries: Arc<Retries<Pod>>,
     /// Pods whose Secret this replica created and has not released yet: a release that
@@ -129,7 +136,13 @@ impl Context {
 }
 
 /// Runs the issuer until `shutdown`.
-pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    lifetime: Duration,
+    issuer: String,
+    shutdown: CancellationToken,
+) {
     let pods: Api<Pod> = Api::all(client.clone());
     let selector = format!("{LABEL}={PENDING}");
     // The watch holds exactly the pending pods: released ones leave its selector.
@@ -174,6 +187,8 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: CancellationTo
             error_policy,
             Arc::new(Context {
                 client,
+                lifetime,
+                issuer: Some(issuer),
                 metrics,
                 retries,
                 written,
@@ -214,12 +229,15 @@ const ONCE_EVERY: Duration = Duration::from_secs(2);
 pub async fn issue_pending_once(
     client: Client,
     metrics: Arc<Metrics>,
+    lifetime: Duration,
     timeout: Duration,
 ) -> Result<usize, OnceError> {
     let pods: Api<Pod> = Api::all(client.clone());
     let selector = ListParams::default().labels(&format!("{LABEL}={PENDING}"));
     let ctx = Arc::new(Context {
         client,
+        lifetime,
+        issuer: None,
         metrics,
         retries: Arc::new(Retries::new(Policy::WATCH)),
         written: Arc::new(PerObject::default()),
@@ -309,6 +327,10 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
         tracing::debug!(pod = %id, "labelled {LABEL}={PENDING} but bound already: left alone");
         return Ok(Action::await_change());
     }
+    if let Some(left) = left_to_its_issuer(&pod, ctx.issuer.as_deref()) {
+        tracing::debug!(pod = %id, "admitted by another replica: left to it for {left:?} more");
+        return Ok(Action::requeue(left));
+    }
     let api_error = |what| {
         let pod = id.clone();
         move |source| IssueError::Api { pod, what, source }
@@ -317,7 +339,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     let outcome = match issued_secret(&pod) {
         None => Err(format!("it has no {TOKEN_VOLUME} volume naming a Secret")),
         Some(secret) if ctx.written.lock().contains_key(&oref) => Ok(secret),
-        Some(secret) => match write_token(&ctx.client, &pod, ns, name, uid, &secret).await {
+        Some(secret) => match write_token(&ctx, &pod, ns, name, uid, &secret).await {
             Ok(()) => {
                 ctx.written.lock().insert(oref.clone(), ());
                 Ok(secret)
@@ -382,6 +404,20 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     }
 }
 
+/// How much longer `pod` is left to the replica that admitted it, if it is another's and
+/// [`TAKEOVER`] has not passed since its creation.
+fn left_to_its_issuer(pod: &Pod, me: Option<&str>) -> Option<Duration> {
+    let me = me?;
+    let labels = pod.metadata.labels.as_ref();
+    if labels.and_then(|l| l.get(ISSUER_LABEL)).map(String::as_str) == Some(me) {
+        return None;
+    }
+    let created = pod.metadata.creation_timestamp.as_ref()?.0;
+    let age = jiff::Timestamp::now().duration_since(created);
+    let left = jiff::SignedDuration::try_from(TAKEOVER).ok()? - age;
+    left.is_positive().then(|| left.unsigned_abs())
+}
+
 /// Whether a refusal of `pod`'s token may still be asked again ([`REFUSAL_GRACE`]).
 fn within_grace(pod: &Pod) -> bool {
     let Some(created) = &pod.metadata.creation_timestamp else {
@@ -393,7 +429,7 @@ fn within_grace(pod: &Pod) -> bool {
 
 /// A token of the pod's service account bound to the pod, into the Secret the pod mounts.
 async fn write_token(
-    client: &Client,
+    ctx: &Context,
     pod: &Pod,
     ns: &str,
     name: &str,
@@ -405,27 +441,27 @@ async fn write_token(
         .as_ref()
         .and_then(|s| s.service_account_name.as_deref())
         .unwrap_or("default");
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(name.into()),
-                uid: Some(uid.into()),
-            }),
-            expiration_seconds: Some(EXPIRATION_SECONDS),
-        },
-        ..Default::default()
-    };
-    let issued = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+    let seconds = i64::try_from(ctx.lifetime.as_secs()).unwrap_or(i64::MAX);
+    let request = podprobe_ops::token::bound_to_pod(name, uid, seconds);
+    let issued = Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns)
         .create_token_request(account, &PostParams::default(), &request)
         .await?;
-    let Some(token) = issued.status.map(|s| s.token).filter(|t| !t.is_empty()) else {
+    let Some(status) = issued.status.filter(|s| !s.token.is_empty()) else {
         return Err(TokenError::Api(kube::Error::Service(
             format!("the TokenRequest for {ns}/{account} came back without a token").into(),
         )));
     };
+    let asked = jiff::SignedDuration::try_from(ctx.lifetime).unwrap_or(jiff::SignedDuration::MAX);
+    let expires = status.expiration_timestamp.0;
+    if expires.duration_since(jiff::Timestamp::now()) < asked - jiff::SignedDuration::from_mins(10)
+    {
+        tracing::info!(
+            pod = %format!("{ns}/{name}"),
+            "the apiserver capped the sidecar's token at {expires} (asked {:?}: --service-account-max-token-expiration); the sidecar renews it at 80 % of that",
+            ctx.lifetime
+        );
+    }
+    let token = status.token;
     let secret_name = secret.to_owned();
     let secret = Secret {
         metadata: ObjectMeta {
@@ -454,7 +490,7 @@ async fn write_token(
         ])),
         ..Default::default()
     };
-    let secrets = Api::<Secret>::namespaced(client.clone(), ns);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(TokenError::Taken {
@@ -514,6 +550,7 @@ mod tests {
         let config = InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap();
         let ctx = InjectContext {
             request_uid: "9f0c1e2d-aaaa-bbbb-cccc-000000000001",
+            issuer: "manager-0",
             ..Default::default()
         };
         let mut doc = serde_json::to_value(&pod).unwrap();
@@ -564,6 +601,34 @@ mod tests {
         };
         let mut doc = serde_json::to_value(&pod).unwrap();
         assert!(json_patch::patch(&mut doc, &patch).is_err());
+    }
+
+    #[test]
+    fn a_pod_is_left_to_the_replica_that_admitted_it_until_the_takeover() {
+        let mut pod = injected_virtual_pod();
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!(
+            labels.get(ISSUER_LABEL).map(String::as_str),
+            Some("manager-0")
+        );
+        let created = |ago: i64| {
+            let at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(ago);
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at))
+        };
+        pod.metadata.creation_timestamp = created(3);
+        assert_eq!(left_to_its_issuer(&pod, Some("manager-0")), None, "its own");
+        assert_eq!(left_to_its_issuer(&pod, None), None, "release-gates");
+        let left = left_to_its_issuer(&pod, Some("manager-1")).unwrap();
+        assert!(
+            left > Duration::from_secs(5) && left <= Duration::from_secs(7),
+            "{left:?}"
+        );
+        pod.metadata.creation_timestamp = created(11);
+        assert_eq!(
+            left_to_its_issuer(&pod, Some("manager-1")),
+            None,
+            "taken over"
+        );
     }
 
     #[test]

@@ -294,7 +294,11 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 pub fn vk_node(name: &str) -> k8s_openapi::api::core::v1::Node {
     serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {"type": "virtual-kubelet"}}
+        "metadata": {"name": name, "labels": {"type": "virtual-kubelet"}},
+        // As the virtual-kubelet library taints its nodes: only pods that tolerate it are
+        // scheduled there, so the webhook gives the others the kubelet shape.
+        "spec": {"taints": [{"key": "virtual-kubelet.io/provider", "value": "mock",
+                             "effect": "NoSchedule"}]}
     }))
     .unwrap()
 }
@@ -352,4 +356,18 @@ pub fn bench_arg(i: usize, default: u64) -> u64 {
         .nth(i)
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
+}
+
+/// The Secret a virtual-node pod's token volume names (the issued token's).
+pub fn token_secret(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.projected.as_ref()?.sources.as_ref())
+        .flatten()
+        .find_map(|s| Some(s.secret.as_ref()?.name.clone()))
+        .expect("a token volume naming a Secret")
 }
