@@ -292,14 +292,13 @@ async fn runs_the_injected_pod_and_its_probes(agent: VirtualAgent) {
         .expect("the pod deleted within 60 s");
 }
 
-/// A virtual node without a taint takes any pod kube-scheduler sends it, including one that
-/// carries nothing for virtual nodes (no toleration, selector or affinity): the webhook reads
-/// the cluster's virtual nodes, so such a pod gets the shape the provider accepts and its
-/// issued credential, and runs there with its probes. With the shape read from the pod alone,
-/// it got the kubelet shape, which the library refuses (`status.podIP`), and never ran.
+/// A virtual node without a taint takes a pod whose node affinity sends it there by the node's
+/// name, with no toleration or `type=virtual-kubelet` selector: the webhook reads the
+/// cluster's virtual nodes, so the pod gets the shape the provider accepts and its issued
+/// credential, and runs there with its probes. With the shape read from the pod alone, it got
+/// the kubelet shape, which the library refuses (`status.podIP`), and never ran.
 #[tokio::test(flavor = "multi_thread")]
-async fn virtual_node_untainted_runs_a_pod_that_carries_nothing_for_it_with_its_issued_credential()
-{
+async fn virtual_node_untainted_runs_a_pod_its_affinity_sends_there_with_its_issued_credential() {
     let (running, node) = virtual_node_and_chart(VirtualAgent::default(), Mode::Standalone).await;
     let cp = &running.cp;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cp.client());
@@ -319,6 +318,13 @@ async fn virtual_node_untainted_runs_a_pod_that_carries_nothing_for_it_with_its_
     let spec = pod.spec.as_mut().unwrap();
     spec.node_selector = None;
     spec.tolerations = None;
+    spec.affinity = Some(
+        serde_json::from_value(json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                  "values": [node.name()]}]}]}}}))
+        .unwrap(),
+    );
     // Admitted with the virtual-node shape once the webhook has seen the node untainted.
     cp.wait_admission(&pod, |p| {
         annotation(p, support::PODPROBE).is_some()

@@ -19,10 +19,12 @@
 //! - from what a pod must carry to get to one: a toleration of a virtual node's taint (or of
 //!   every taint), or a `type: virtual-kubelet` node selector or required node affinity, the
 //!   label the library gives its nodes; this holds for virtual nodes that do not exist yet;
-//! - from the virtual nodes the cluster has (the webhook watches nodes): one that kube-scheduler
-//!   may place the pod on ([`super::placement`]), by its labels, its name in an affinity, or
-//!   for want of a taint. A pod bound at creation (`spec.nodeName`) passes no scheduler and is
-//!   read the first way only.
+//! - for a pod that picks its nodes (a node selector or a required node affinity), from the
+//!   virtual nodes the cluster has (the webhook watches nodes): one among them that
+//!   kube-scheduler may place the pod on ([`super::placement`]), by its labels or its name, an
+//!   untainted one included. A pod that picks no node, or is bound at creation
+//!   (`spec.nodeName`), is read the first way only: kubelet nodes labelled `type=virtual-kubelet`
+//!   (for markers) would otherwise send every pod the virtual-node shape.
 //!
 //! A toleration another webhook adds after this one is seen only if the apiserver calls this
 //! webhook again and the sidecar is not injected yet: the shape is decided once.
@@ -82,6 +84,7 @@ pub fn explain(spec: &PodSpec, config: &InjectionConfig, virtual_nodes: &[Virtua
         Some(Reason::Placeable(node)) => format!(
             "podShape auto: kube-scheduler may place the pod on the virtual node {node} (its name, labels and taints admit it)"
         ),
+        None if !picks_nodes(spec) => "podShape auto: the pod tolerates no virtualNodeTaints key and picks no nodes".into(),
         None => format!(
             "podShape auto: the pod tolerates no virtualNodeTaints key, selects no type=virtual-kubelet nodes, and none of the {} virtual nodes known admits it",
             virtual_nodes.len()
@@ -97,10 +100,22 @@ fn reason(
     if carries_what_a_virtual_node_needs(spec, &config.virtual_node_taints) {
         return Some(Reason::Carries);
     }
+    // Only a pod that picks its nodes: one that picks none is, on a cluster whose kubelet
+    // nodes carry `type=virtual-kubelet` for markers, no more bound for a virtual node than
+    // for any other, and the kubelet shape is the one a kubelet node wants.
+    if !picks_nodes(spec) {
+        return None;
+    }
     virtual_nodes
         .iter()
         .find(|n| n.admits(spec))
         .map(|n| Reason::Placeable(n.name.clone()))
+}
+
+/// Whether `spec` restricts its nodes: a node selector or a required node affinity.
+fn picks_nodes(spec: &PodSpec) -> bool {
+    spec.node_selector.as_ref().is_some_and(|s| !s.is_empty())
+        || required_terms(spec).is_some_and(|terms| !terms.is_empty())
 }
 
 fn carries_what_a_virtual_node_needs(spec: &PodSpec, taints: &[String]) -> bool {
@@ -219,11 +234,21 @@ mod tests {
             }))
             .unwrap();
         let nodes = [VirtualNode::of(&untainted, &auto.virtual_node_taints).unwrap()];
-        // A pod with nothing for virtual nodes may land on an untainted one.
-        assert_eq!(of(&PodSpec::default(), &auto, &[]), Shape::Kubelet);
-        assert_eq!(of(&PodSpec::default(), &auto, &nodes), Shape::VirtualNode);
-        assert!(explain(&PodSpec::default(), &auto, &nodes).contains("virtual node vk-0"));
-        // Unless it asks for another node.
+        // A pod that picks the untainted one by name.
+        let by_name: PodSpec = serde_json::from_value(serde_json::json!({
+            "containers": [],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": ["vk-0", "n1"]}]}]}}}
+        }))
+        .unwrap();
+        assert_eq!(of(&by_name, &auto, &[]), Shape::Kubelet);
+        assert_eq!(of(&by_name, &auto, &nodes), Shape::VirtualNode);
+        assert!(explain(&by_name, &auto, &nodes).contains("virtual node vk-0"));
+        // One that picks no node keeps the kubelet shape (kubelet nodes may carry the label).
+        assert_eq!(of(&PodSpec::default(), &auto, &nodes), Shape::Kubelet);
+        assert!(explain(&PodSpec::default(), &auto, &nodes).contains("picks no nodes"));
+        // Nor one that picks another node.
         let elsewhere = PodSpec {
             node_selector: Some([("pool".into(), "games".into())].into()),
             ..Default::default()
