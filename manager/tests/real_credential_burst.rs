@@ -106,7 +106,31 @@ async fn a_credential_burst_costs_one_token_one_secret_and_one_release_per_pod()
     };
     let tokens = by_manager("create", "serviceaccounts/token");
     let secrets = by_manager("create", "secrets");
-    let releases = by_manager("patch", "pods");
+    // The issuer's releases: patches that take the token label off (the leader's other pod
+    // writes, annotations and markers, are not the issuer's).
+    let releases: Vec<&AuditEvent> = by_manager("patch", "pods")
+        .into_iter()
+        .filter(|e| {
+            let body = e
+                .request_object
+                .as_ref()
+                .map(|b| b.to_string())
+                .unwrap_or_default();
+            body.contains("podprobe.io~1sidecar-token")
+        })
+        .collect();
+    let others = by_manager("patch", "pods").len() - releases.len();
+    if others > 0 {
+        let sample = by_manager("patch", "pods")
+            .into_iter()
+            .find(|e| {
+                !e.request_object
+                    .as_ref()
+                    .is_some_and(|b| b.to_string().contains("podprobe.io~1sidecar-token"))
+            })
+            .and_then(|e| e.request_object.clone());
+        eprintln!("{others} other pod patches by the manager, e.g. {sample:?}");
+    }
     let refused = |events: &[&AuditEvent]| events.iter().filter(|e| e.code() >= 300).count();
     eprintln!(
         "{PODS} pods created in {created:.1?}, all released after {released:.1?}: {} TokenRequests, {} Secret creates ({} refused), {} pod patches ({} refused)",

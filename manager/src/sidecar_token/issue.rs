@@ -331,6 +331,29 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
         tracing::debug!(pod = %id, "admitted by another replica: left to it for {left:?} more");
         return Ok(Action::requeue(left));
     }
+    // Taking over another replica's pod: this replica's watch may lag (it reconnects after a
+    // dropped connection), and the pod be released already. Its live state decides.
+    if !is_mine(&pod, ctx.issuer.as_deref()) {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        let live = pods.get_opt(name).await.map_err(|source| IssueError::Api {
+            pod: id.clone(),
+            what: "reading the pod before taking it over",
+            source,
+        })?;
+        let still_pending = live.as_ref().is_some_and(|p| {
+            p.metadata.uid.as_deref() == Some(uid)
+                && p.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(LABEL))
+                    .map(String::as_str)
+                    == Some(PENDING)
+        });
+        if !still_pending {
+            return Ok(Action::await_change());
+        }
+        tracing::info!(pod = %id, "taking over the sidecar's token from the replica that admitted the pod, {TAKEOVER:?} after its creation");
+    }
     let api_error = |what| {
         let pod = id.clone();
         move |source| IssueError::Api { pod, what, source }
@@ -404,12 +427,19 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     }
 }
 
+/// Whether this replica (`me`; `None`: `release-gates`, which takes every pod) admitted `pod`.
+fn is_mine(pod: &Pod, me: Option<&str>) -> bool {
+    let Some(me) = me else {
+        return true;
+    };
+    let labels = pod.metadata.labels.as_ref();
+    labels.and_then(|l| l.get(ISSUER_LABEL)).map(String::as_str) == Some(me)
+}
+
 /// How much longer `pod` is left to the replica that admitted it, if it is another's and
 /// [`TAKEOVER`] has not passed since its creation.
 fn left_to_its_issuer(pod: &Pod, me: Option<&str>) -> Option<Duration> {
-    let me = me?;
-    let labels = pod.metadata.labels.as_ref();
-    if labels.and_then(|l| l.get(ISSUER_LABEL)).map(String::as_str) == Some(me) {
+    if is_mine(pod, me) {
         return None;
     }
     let created = pod.metadata.creation_timestamp.as_ref()?.0;
