@@ -334,13 +334,18 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     // Taking over another replica's pod: this replica's watch may lag (it reconnects after a
     // dropped connection), and the pod be released already. Its live state decides.
     if !is_mine(&pod, ctx.issuer.as_deref()) {
+        // A list by name: the manager may list pods, not get them.
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-        let live = pods.get_opt(name).await.map_err(|source| IssueError::Api {
-            pod: id.clone(),
-            what: "reading the pod before taking it over",
-            source,
-        })?;
-        let still_pending = live.as_ref().is_some_and(|p| {
+        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
+        let live = pods
+            .list(&by_name)
+            .await
+            .map_err(|source| IssueError::Api {
+                pod: id.clone(),
+                what: "reading the pod before taking it over",
+                source,
+            })?;
+        let still_pending = live.items.first().is_some_and(|p| {
             p.metadata.uid.as_deref() == Some(uid)
                 && p.metadata
                     .labels
