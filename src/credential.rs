@@ -25,6 +25,8 @@ use kube::{Api, Client};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
+
 /// The file in the renewal directory that holds the token in use.
 pub const TOKEN_FILE: &str = "token";
 /// The share of a token's lifetime after which it is renewed (the kubelet's).
@@ -190,21 +192,25 @@ fn write(file: &Path, token: &str) -> Result<(), CredentialError> {
 }
 
 /// Renews `renewal`'s token with `client` before each expiry until `shutdown`, retrying a
-/// refusal with backoff (1 s doubling to 5 min) and saying so.
-pub async fn renew(client: Client, mut renewal: Renewal, shutdown: CancellationToken) {
+/// refusal with backoff (1 s doubling to 5 min) and saying so. `metrics` show the token held
+/// and when it is due, so a renewal the apiserver keeps refusing alerts before the token
+/// expires.
+pub async fn renew(
+    client: Client,
+    mut renewal: Renewal,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
     loop {
+        metrics.token(&renewal.claims);
         let due = renewal.claims.renew_at();
         tracing::info!(
             expires = %renewal.claims.expires,
             "the sidecar's token, bound to the pod, expires at {}; renewing it at {due}",
             renewal.claims.expires
         );
-        let wait = Timestamp::now().duration_until(due).unsigned_abs();
-        let wait = if Timestamp::now() >= due {
-            Duration::ZERO
-        } else {
-            wait
-        };
+        // Past due (a restart late in the token's life): at once.
+        let wait = Duration::try_from(Timestamp::now().duration_until(due)).unwrap_or_default();
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(wait) => {}

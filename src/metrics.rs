@@ -35,6 +35,11 @@ struct ConditionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    service_account: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteErrorLabels {
     code: String,
 }
@@ -58,6 +63,8 @@ struct Inner {
     absent: Family<ConditionLabels, Counter<f64, AtomicU64>>,
     annotation_file_reads: Counter,
     pod_status_reads: Counter,
+    token_expiry: Family<TokenLabels, Gauge>,
+    token_renewal: Family<TokenLabels, Gauge>,
     ready: AtomicBool,
 }
 
@@ -135,6 +142,19 @@ impl Metrics {
             "Reads of the pod through the apiserver by --source file: before probing, while a probed container has not started, and when a probe's attempts say its container may have changed",
             pod_status_reads.clone(),
         );
+        // Only where the sidecar renews its own token (an issued one, on a virtual node).
+        let token_expiry = Family::<TokenLabels, Gauge>::default();
+        own.register(
+            "token_expiry_timestamp_seconds",
+            "When the sidecar's service-account token expires (Unix time), where the sidecar renews it itself",
+            token_expiry.clone(),
+        );
+        let token_renewal = Family::<TokenLabels, Gauge>::default();
+        own.register(
+            "token_renewal_timestamp_seconds",
+            "When the sidecar renews its token (Unix time, 80 % of its lifetime); in the past while the apiserver refuses the renewal",
+            token_renewal.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -148,6 +168,8 @@ impl Metrics {
                 absent,
                 annotation_file_reads,
                 pod_status_reads,
+                token_expiry,
+                token_renewal,
                 ready: AtomicBool::new(false),
             }),
         }
@@ -261,6 +283,35 @@ impl Metrics {
 
     pub fn pod_status_reads(&self) -> Counter {
         self.inner.pod_status_reads.clone()
+    }
+
+    /// The token the sidecar holds now: when it expires, when it is due for renewal.
+    pub fn token(&self, claims: &crate::credential::Claims) {
+        self.set_token(
+            &claims.service_account,
+            claims.expires.as_second(),
+            claims.renew_at().as_second(),
+        );
+    }
+
+    /// The sidecar should renew its own token and holds none it can renew (none mounted: its
+    /// provider started it before the token's Secret existed; or one not bound to the pod):
+    /// shown as a token that expired and was due at the epoch, so the renewal's alert fires.
+    pub fn token_missing(&self) {
+        self.set_token("", 0, 0);
+    }
+
+    fn set_token(&self, service_account: &str, expires: i64, renewal: i64) {
+        let labels = TokenLabels {
+            service_account: service_account.to_owned(),
+        };
+        for (family, value) in [
+            (&self.inner.token_expiry, expires),
+            (&self.inner.token_renewal, renewal),
+        ] {
+            family.clear();
+            family.get_or_create(&labels).set(value);
+        }
     }
 
     pub fn writes(&self) -> u64 {
@@ -396,6 +447,43 @@ mod tests {
             "{text}"
         );
         assert_eq!(m.writes(), 1);
+    }
+
+    #[test]
+    fn the_renewed_token_shows_when_it_expires_and_is_due_and_a_missing_one_as_expired() {
+        let m = Metrics::new();
+        assert!(
+            !m.encode()
+                .contains("podprobe_token_expiry_timestamp_seconds{")
+        );
+        m.token_missing();
+        let text = m.encode();
+        for line in [
+            r#"podprobe_token_expiry_timestamp_seconds{service_account=""} 0"#,
+            r#"podprobe_token_renewal_timestamp_seconds{service_account=""} 0"#,
+        ] {
+            assert!(text.contains(line), "{text}");
+        }
+        let at = |s| jiff::Timestamp::from_second(s).unwrap();
+        m.token(&crate::credential::Claims {
+            issued: at(1_000),
+            expires: at(11_000),
+            namespace: "games".into(),
+            service_account: "podprobe-sidecar".into(),
+            pod_name: "gs-0".into(),
+            pod_uid: "u-1".into(),
+        });
+        let text = m.encode();
+        assert!(
+            !text.contains(r#"service_account="""#),
+            "the missing token's series go: {text}"
+        );
+        for line in [
+            r#"podprobe_token_expiry_timestamp_seconds{service_account="podprobe-sidecar"} 11000"#,
+            r#"podprobe_token_renewal_timestamp_seconds{service_account="podprobe-sidecar"} 9000"#,
+        ] {
+            assert!(text.contains(line), "{text}");
+        }
     }
 
     #[tokio::test]

@@ -112,6 +112,11 @@ async fn run_with(
             .map_err(|source| SidecarError::Metrics { addr, source })?;
         tracing::info!("serving /metrics, /healthz and /readyz on {local}");
     }
+    if options.renew_token_dir.is_some() {
+        // Until it holds a token it can renew: a sidecar its provider started without one
+        // can write nothing, and its alert must not need it to.
+        metrics.token_missing();
+    }
     let mut shutdown = std::pin::pin!(shutdown);
     let mut config = tokio::select! {
         config = config => config,
@@ -138,6 +143,7 @@ async fn run_with(
         tokio::spawn(credential::renew(
             clients.requests.clone(),
             renewal,
+            metrics.clone(),
             renewal_stop,
         ));
     }
