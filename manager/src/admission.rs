@@ -12,7 +12,7 @@ use podprobe_protocol::annotation::PodContainerProbe;
 use crate::annotate::{self, ProbeAnnotations};
 use crate::config::InjectionConfig;
 use crate::crd::PodProbeMarker;
-use crate::inject::{InjectContext, inject_ops};
+use crate::inject::{InjectContext, inject};
 use crate::patch::PatchOp;
 
 /// Injection's settings and what it needs to know beyond the pod.
@@ -41,6 +41,8 @@ pub struct Mutation {
     pub annotations: Option<ProbeAnnotations>,
     /// Whether the sidecar was injected.
     pub injected: bool,
+    /// What the pod's creator should know (admission warnings).
+    pub warnings: Vec<String>,
 }
 
 /// The mutation of `pod` by the PodProbeMarkers of its namespace: their annotations when
@@ -58,6 +60,7 @@ pub fn mutate(
         _ => vec![],
     };
     let mut injected = false;
+    let mut warnings = Vec::new();
     if let Some(injection) = injection {
         let probes = annotations
             .as_ref()
@@ -79,14 +82,16 @@ pub fn mutate(
             virtual_nodes: injection.virtual_nodes,
             issuer: injection.issuer,
         };
-        let sidecar = inject_ops(pod, injection.config, &ctx);
-        injected = !sidecar.is_empty();
-        ops.extend(sidecar);
+        let sidecar = inject(pod, injection.config, &ctx);
+        injected = !sidecar.ops.is_empty();
+        ops.extend(sidecar.ops);
+        warnings = sidecar.warnings;
     }
     Mutation {
         ops,
         annotations,
         injected,
+        warnings,
     }
 }
 

@@ -287,6 +287,7 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
         });
     }
     notes.extend(exec_notes);
+    notes.extend(mutation.warnings);
     let ops = mutation.ops;
     let mut doc = serde_json::to_value(&pod).map_err(|e| CliError::Output(e.to_string()))?;
     crate::patch::apply(&mut doc, &ops)?;

@@ -207,14 +207,40 @@ fn json<T: serde::Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
+/// The sidecar's injection into one pod: the patch, and what the pod's creator should know
+/// (admission warnings, which kubectl prints).
+#[derive(Debug, Clone, Default)]
+pub struct Injected {
+    pub ops: Vec<PatchOp>,
+    pub warnings: Vec<String>,
+}
+
 /// JSON patch ops injecting the sidecar; empty when the pod did not opt in or already has a
 /// container of that name (admission reinvocation, or a hand-written sidecar).
 pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) -> Vec<PatchOp> {
+    inject(pod, config, ctx).ops
+}
+
+/// On a virtual node, an exec probe the agent does not run goes through the provider's
+/// `pods/exec`, which azure-aci answers with success whatever the command does: the creator
+/// of an OpenKruise Game server would see every server idle.
+fn pods_exec_warning(decision: &agent::Decision) -> Option<String> {
+    let agent::Decision::Left { container, why } = decision else {
+        return None;
+    };
+    Some(format!(
+        "podprobe: exec probes on container {container:?} go through the virtual node provider's pods/exec, \
+         which azure-aci answers with success whatever the command does (docs/providers.md): {why}"
+    ))
+}
+
+/// The sidecar's injection into `pod` ([`inject_ops`]), with its warnings.
+pub fn inject(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) -> Injected {
     let Some(spec) = &pod.spec else {
-        return vec![];
+        return Injected::default();
     };
     if !opted_in(&pod.metadata, config, ctx.namespace_labels) {
-        return vec![];
+        return Injected::default();
     }
     let name = config.container_name.as_str();
     let present = spec.containers.iter().any(|c| c.name == name)
@@ -224,7 +250,7 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
             .flatten()
             .any(|c| c.name == name);
     if present {
-        return vec![];
+        return Injected::default();
     }
     let shape = shape::of(spec, config, ctx.virtual_nodes);
     // Providers run init containers to completion before the others, and azure-aci refuses
@@ -282,6 +308,10 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
         shape == Shape::VirtualNode,
     );
     ops.extend(agent.ops);
+    let mut warnings = Vec::new();
+    if shape == Shape::VirtualNode {
+        warnings.extend(agent.decisions.iter().filter_map(pods_exec_warning));
+    }
     let mut init_containers_exist = spec.init_containers.is_some();
     if let Some(parts) = agent.parts {
         sidecar.env.get_or_insert_default().push(parts.sidecar_env);
@@ -358,8 +388,11 @@ pub fn inject_ops(pod: &Pod, config: &InjectionConfig, ctx: &InjectContext<'_>) 
     }
     if issued {
         ops.extend(sidecar_token::await_issue_ops(pod, ctx.issuer));
+    } else if shape == Shape::VirtualNode {
+        warnings.push(sidecar_token::KeptProjected::of(spec).warning());
+        ops.extend(sidecar_token::kept_projected_ops(pod));
     }
-    ops
+    Injected { ops, warnings }
 }
 
 #[cfg(test)]
@@ -949,6 +982,31 @@ mod tests {
             let sidecar = find(&spec.containers, "podprobe");
             assert!(env_of(sidecar).contains(&(agent::AGENTS_ENV, "main")));
         }
+    }
+
+    #[test]
+    fn a_virtual_node_pod_whose_exec_probes_take_pods_exec_is_warned_a_kubelet_pod_is_not() {
+        let exec = vec!["main".to_string()];
+        let ctx = InjectContext {
+            exec_probe_containers: &exec,
+            ..Default::default()
+        };
+        let on_virtual = |command: Option<&[&str]>| {
+            let mut p = with_command(pod(ENABLED), command);
+            p.spec.as_mut().unwrap().node_selector = Some(labels(&[("type", "virtual-kubelet")]));
+            p
+        };
+        let warned = inject(&on_virtual(None), &config(), &ctx).warnings;
+        assert!(
+            matches!(&warned[..], [w] if w.contains("\"main\"") && w.contains("pods/exec")
+                && w.contains("no command in the pod spec")),
+            "{warned:?}"
+        );
+        // Wrapped by the agent, or on a kubelet node (beside the entrypoint): no warning.
+        let wrapped = inject(&on_virtual(Some(&["/server"])), &config(), &ctx);
+        assert!(wrapped.warnings.is_empty(), "{:?}", wrapped.warnings);
+        let kubelet = inject(&with_command(pod(ENABLED), None), &config(), &ctx);
+        assert!(kubelet.warnings.is_empty(), "{:?}", kubelet.warnings);
     }
 
     /// What kube-apiserver's ServiceAccount plugin adds before the webhook.

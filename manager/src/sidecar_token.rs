@@ -17,7 +17,7 @@ pub mod issue;
 use serde_json::{Value, json};
 
 use crate::patch::{PatchOp, escape};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 
 /// The scheduling gate that holds a pod until its sidecar's token is issued.
 pub const GATE: &str = "podprobe.io/sidecar-token";
@@ -26,6 +26,9 @@ pub const GATE: &str = "podprobe.io/sidecar-token";
 pub const LABEL: &str = "podprobe.io/sidecar-token";
 pub const PENDING: &str = "pending";
 pub const REFUSED: &str = "refused";
+/// [`LABEL`] of a virtual-node pod that keeps its projected token ([`KeptProjected`]): no
+/// token is issued for it, and its provider may replace or drop the projected one.
+pub const PROJECTED: &str = "projected";
 /// The label that names the replica whose webhook admitted the pod, which issues its token;
 /// another replica takes it over only after [`issue::TAKEOVER`] (so each pod costs one
 /// TokenRequest, one Secret and one release, unless that replica went away).
@@ -92,6 +95,57 @@ pub fn await_issue_ops(pod: &Pod, issuer: &str) -> Vec<PatchOp> {
     };
     ops.push(gated);
     ops
+}
+
+/// Why a pod in the virtual-node shape keeps its projected token instead of an issued one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptProjected {
+    /// `spec.nodeName` at creation: no scheduling gate can hold it until a token exists.
+    BoundAtCreation,
+    /// `automountServiceAccountToken: true`: the pod asked for the token in every container.
+    AutomountEverywhere,
+}
+
+impl KeptProjected {
+    /// Why `spec` (in the virtual-node shape, not issued a token) keeps the projected one.
+    pub fn of(spec: &PodSpec) -> Self {
+        if spec.node_name.is_some() {
+            KeptProjected::BoundAtCreation
+        } else {
+            KeptProjected::AutomountEverywhere
+        }
+    }
+
+    /// The admission warning (kubectl prints it to whoever created the pod).
+    pub fn warning(self) -> String {
+        let why = match self {
+            KeptProjected::BoundAtCreation => {
+                "it is bound to its node at creation (spec.nodeName), so no scheduling gate can hold it until a token is issued"
+            }
+            KeptProjected::AutomountEverywhere => {
+                "it asks for the token in every container (automountServiceAccountToken: true)"
+            }
+        };
+        format!(
+            "podprobe: this virtual-node pod keeps its projected service-account token, as {why}; \
+             a provider that does not project tokens (azure-aci) replaces or drops it, and its \
+             sidecar then cannot write probe conditions. Labelled {LABEL}={PROJECTED}"
+        )
+    }
+}
+
+/// Admission ops recording on the pod that it keeps its projected token ([`PROJECTED`]).
+pub fn kept_projected_ops(pod: &Pod) -> Vec<PatchOp> {
+    match &pod.metadata.labels {
+        Some(_) => vec![PatchOp::Add {
+            path: format!("/metadata/labels/{}", escape(LABEL)),
+            value: Value::String(PROJECTED.into()),
+        }],
+        None => vec![PatchOp::Add {
+            path: "/metadata/labels".into(),
+            value: json!({ LABEL: PROJECTED }),
+        }],
+    }
 }
 
 #[cfg(test)]

@@ -32,13 +32,13 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::{self, Injection};
+use crate::admission::{self, Injection, Mutation};
 use crate::cache::{PpmCache, namespace_labels};
 use crate::config::InjectionConfig;
 use crate::crd::PodProbeMarker;
 use crate::inject::placement::VirtualNode;
 use crate::metrics::Metrics;
-use crate::patch::{PatchOp, to_json_patch};
+use crate::patch::to_json_patch;
 use crate::validate;
 
 pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
@@ -137,15 +137,24 @@ impl Webhooks {
             Err(answer) => return answer,
         };
         let (response, result) = match self.mutate(&req) {
-            Ok(ops) if ops.is_empty() => (AdmissionResponse::from(&req), "allowed"),
-            Ok(ops) => match to_json_patch(&ops)
+            Ok(m) if m.ops.is_empty() => (AdmissionResponse::from(&req), "allowed"),
+            Ok(m) => match to_json_patch(&m.ops)
                 .map_err(|e| e.to_string())
                 .and_then(|p| {
                     AdmissionResponse::from(&req)
                         .with_patch(p)
                         .map_err(|e| e.to_string())
                 }) {
-                Ok(r) => (r, "patched"),
+                Ok(mut r) => {
+                    if !m.warnings.is_empty() {
+                        let pod = req.name.as_str();
+                        for w in &m.warnings {
+                            tracing::warn!(namespace = ?req.namespace, pod, "{w}");
+                        }
+                        r.warnings = Some(m.warnings);
+                    }
+                    (r, "patched")
+                }
                 Err(e) => (internal_error(&req, &e), "error"),
             },
             Err(e) => (internal_error(&req, &e), "error"),
@@ -157,13 +166,13 @@ impl Webhooks {
         }
     }
 
-    /// The JSON patch for an admitted pod (empty: unchanged). `Err` is an internal error.
-    pub fn mutate(&self, req: &AdmissionRequest<DynamicObject>) -> Result<Vec<PatchOp>, String> {
+    /// The mutation of an admitted pod (no ops: unchanged). `Err` is an internal error.
+    pub fn mutate(&self, req: &AdmissionRequest<DynamicObject>) -> Result<Mutation, String> {
         if req.operation != Operation::Create || req.sub_resource.is_some() {
-            return Ok(vec![]);
+            return Ok(Mutation::default());
         }
         let Some(object) = &req.object else {
-            return Ok(vec![]);
+            return Ok(Mutation::default());
         };
         let pod: Pod = serde_json::to_value(object)
             .and_then(serde_json::from_value)
@@ -195,7 +204,12 @@ impl Webhooks {
             virtual_nodes: &virtual_nodes,
             issuer: &self.issuer,
         });
-        Ok(admission::mutate(&pod, &ppms, self.mode == Mode::Standalone, injection).ops)
+        Ok(admission::mutate(
+            &pod,
+            &ppms,
+            self.mode == Mode::Standalone,
+            injection,
+        ))
     }
 
     fn handle_validate(&self, body: &[u8]) -> Answer {

@@ -5,7 +5,9 @@
 //! - a RoleBinding that lands after the pods (a `helm upgrade` adding a namespace) does not
 //!   leave them tokenless for life: the refusal is asked again with backoff, shown on the
 //!   pod as an Event meanwhile, and the token is issued once the binding is there; in both
-//!   modes (companion beside OpenKruise's kruise-manager).
+//!   modes (companion beside OpenKruise's kruise-manager);
+//! - a virtual-node pod that keeps its projected token (bound at creation, or asking for the
+//!   token everywhere) is told at creation and labelled so.
 //!
 //! The pods tolerate the virtual node's taint (the virtual-node shape: a Secret and a
 //! scheduling gate); no scheduler runs, so each stays where the issuer leaves it.
@@ -138,6 +140,63 @@ async fn a_pod_naming_another_pods_token_secret_never_gets_or_overwrites_it() {
     );
     let owner = &after.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(Some(owner.uid.as_str()), victim.metadata.uid.as_deref());
+}
+
+/// A virtual-node pod that cannot be issued a token keeps the projected one, which a provider
+/// that does not project tokens replaces or drops: its creator is told (kubectl prints the
+/// admission warning) and the pod says so (its label), as does a pod that asks for the token
+/// in every container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_virtual_node_pod_that_keeps_its_projected_token_is_told_and_says_so() {
+    use podprobe_manager::sidecar_token::PROJECTED;
+    let running = install_and_run(start_control_plane().await, Mode::Standalone).await;
+    let _target = listening_target(&running).await;
+    // Once the webhook injects (it knows the PodProbeMarker), as a user would create them.
+    create_game_pod(&running, "issued").await;
+    for (name, extra, why) in [
+        ("bound", json!({"nodeName": "vk-1"}), "spec.nodeName"),
+        (
+            "automount",
+            json!({"automountServiceAccountToken": true}),
+            "automountServiceAccountToken: true",
+        ),
+    ] {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": {"app": "game"}},
+            "spec": {"serviceAccountName": "podprobe-sidecar",
+                     "tolerations": [{"key": "virtual-kubelet.io/provider",
+                                      "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "main", "image": "game:1", "command": ["/game"]}]}
+        });
+        pod["spec"]
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let out = cluster::kubectl_stdin(&running.cp, &["create", "-f", "-"], &pod.to_string());
+        assert!(
+            out.status.success(),
+            "kubectl create: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(
+                "Warning: podprobe: this virtual-node pod keeps its projected service-account token"
+            ) && stderr.contains(why),
+            "kubectl printed: {stderr}"
+        );
+        let created = Api::<Pod>::namespaced(running.cp.client(), NS)
+            .get(name)
+            .await
+            .unwrap();
+        assert_eq!(
+            support::label(&created, LABEL).as_deref(),
+            Some(PROJECTED),
+            "{created:?}"
+        );
+        assert!(!gated(&created), "{created:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

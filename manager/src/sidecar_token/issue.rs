@@ -667,21 +667,59 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_bound_at_creation_keeps_the_projected_token() {
+    fn a_virtual_node_pod_that_keeps_the_projected_token_says_so_and_why() {
+        use crate::inject::inject;
         let config = InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap();
-        let fresh: Pod = serde_json::from_value(json!({
+        let bound: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "labels": {"podprobe.io/inject": "enabled"}},
             "spec": {"nodeName": "vk-1",
                      "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
                      "containers": [{"name": "main"}]}
         }))
         .unwrap();
-        let mut doc = serde_json::to_value(&fresh).unwrap();
-        let ops = inject_ops(&fresh, &config, &InjectContext::default());
-        crate::patch::apply(&mut doc, &ops).unwrap();
-        let injected: Pod = serde_json::from_value(doc).unwrap();
-        assert_eq!(issued_secret(&injected), None);
-        assert!(injected.spec.unwrap().scheduling_gates.is_none());
-        assert!(!injected.metadata.labels.unwrap().contains_key(LABEL));
+        let mut automount = bound.clone();
+        let spec = automount.spec.as_mut().unwrap();
+        spec.node_name = None;
+        spec.automount_service_account_token = Some(true);
+        automount.metadata.labels = None;
+        // The second opted in by its namespace, without labels of its own.
+        let namespace = [("podprobe.io/inject".to_owned(), "enabled".to_owned())].into();
+        let ctx = InjectContext {
+            namespace_labels: Some(&namespace),
+            ..Default::default()
+        };
+        for (pod, why) in [
+            (&bound, "spec.nodeName"),
+            (&automount, "automountServiceAccountToken"),
+        ] {
+            let injected = inject(pod, &config, &ctx);
+            let mut doc = serde_json::to_value(pod).unwrap();
+            crate::patch::apply(&mut doc, &injected.ops).unwrap();
+            let injected_pod: Pod = serde_json::from_value(doc).unwrap();
+            assert_eq!(issued_secret(&injected_pod), None);
+            assert!(injected_pod.spec.unwrap().scheduling_gates.is_none());
+            assert_eq!(
+                injected_pod
+                    .metadata
+                    .labels
+                    .unwrap()
+                    .get(LABEL)
+                    .map(String::as_str),
+                Some(super::super::PROJECTED),
+                "{why}"
+            );
+            assert_eq!(injected.warnings.len(), 1, "{why}");
+            assert!(
+                injected.warnings[0].contains(why),
+                "{}",
+                injected.warnings[0]
+            );
+        }
+
+        // An unbound pod gets an issued token, and no warning.
+        let mut unbound = bound.clone();
+        unbound.spec.as_mut().unwrap().node_name = None;
+        let injected = inject(&unbound, &config, &InjectContext::default());
+        assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
     }
 }

@@ -70,10 +70,20 @@ pub fn render(cp: &ControlPlane, sets: &[String], only: &[&str]) -> String {
 
 /// `kubectl apply -f -` of `manifest`, as the admin.
 pub fn kubectl_apply(cp: &ControlPlane, manifest: &str) {
+    let out = kubectl_stdin(cp, &["apply", "-f", "-"], manifest);
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kubectl <args>` as the admin, `input` on its standard input: what it printed.
+pub fn kubectl_stdin(cp: &ControlPlane, args: &[&str], input: &str) -> std::process::Output {
     let mut child = cp
         .kubectl()
         .unwrap()
-        .args(["apply", "-f", "-"])
+        .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -83,14 +93,9 @@ pub fn kubectl_apply(cp: &ControlPlane, manifest: &str) {
         .stdin
         .take()
         .unwrap()
-        .write_all(manifest.as_bytes())
+        .write_all(input.as_bytes())
         .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl apply: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    child.wait_with_output().unwrap()
 }
 
 /// The chart's sidecar RBAC for `namespaces` and one of its sidecar policy templates
