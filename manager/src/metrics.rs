@@ -58,6 +58,9 @@ pub struct Metrics {
     /// Pods opted in to the sidecar, selected by a PodProbeMarker, and running without it
     /// (manager/src/pods/unprobed.rs); set by the leader's sweep.
     pub pods_without_sidecar: Gauge,
+    /// Pods running the sidecar none of whose probe conditions was written minutes after
+    /// they ran (manager/src/pods/unprobed.rs); set by the leader's sweep.
+    pub pods_without_conditions: Gauge,
 }
 
 impl Default for Metrics {
@@ -91,6 +94,7 @@ impl Metrics {
         let sidecar_tokens_pending = Gauge::default();
         let sidecar_tokens = Family::<OutcomeLabel, Counter>::default();
         let pods_without_sidecar = Gauge::default();
+        let pods_without_conditions = Gauge::default();
         own.register(
             "webhook_requests",
             "AdmissionReview requests by path and result",
@@ -148,6 +152,11 @@ impl Metrics {
             "Pods opted in to the sidecar and selected by a PodProbeMarker that run without it: nothing probes them (each gets a SidecarMissing Event; recreate them). Counted by the leader every 30 s in standalone mode with injection",
             pods_without_sidecar.clone(),
         );
+        own.register(
+            "pods_without_conditions",
+            "Pods running the sidecar none of whose probe conditions has been written 5 minutes (plus the probes' initial delay) after the leader saw them running: the sidecar cannot write (no token, RBAC) or every attempt errors (each gets a ProbeConditionsMissing Event). Counted by the leader every 30 s in standalone mode with injection",
+            pods_without_conditions.clone(),
+        );
         // Every known label value starts at 0, so a series exists before its first event:
         // `rate()` and `increase()` then see that first error instead of a series appearing at 1.
         for path in [
@@ -186,6 +195,7 @@ impl Metrics {
             sidecar_tokens_pending,
             sidecar_tokens,
             pods_without_sidecar,
+            pods_without_conditions,
         }
     }
 }

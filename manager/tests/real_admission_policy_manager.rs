@@ -415,8 +415,9 @@ async fn the_manager_creates_only_its_own_warnings_about_pods() {
         e
     };
     #[rustfmt::skip] // a table: one case per entry
-    let cases: [(&str, Value, Option<&str>); 9] = [
+    let cases: [(&str, Value, Option<&str>); 10] = [
         ("SidecarMissing about the pod", event("report"), None),
+        ("ProbeConditionsMissing about the pod", with("conditions-missing", "reason", json!("ProbeConditionsMissing")), None),
         ("SidecarTokenRefused about the pod", with("token-refused", "reason", json!("SidecarTokenRefused")), None),
         ("SidecarTokenNotIssued about the pod", with("token-not-issued", "reason", json!("SidecarTokenNotIssued")), None),
         ("another reason", with("other-reason", "reason", json!("Killing")), Some(ONLY_OWN_WARNINGS)),

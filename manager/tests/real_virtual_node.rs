@@ -356,7 +356,8 @@ async fn virtual_node_untainted_runs_a_pod_its_affinity_sends_there_with_its_iss
 /// The sidecar renews the issued token at 80 % of its lifetime with a TokenRequest bound to
 /// its own pod, which the chart's policy admits; past the issued token's expiry, when that token
 /// is refused, the probes' results still reach the pod, and a sidecar restarted then starts
-/// from the renewed token it kept in the pod's memory volume.
+/// from the renewed token it kept in the pod's memory volume. Beside it, a pod bound at
+/// creation, whose sidecar the provider starts without a token, says so on the pod.
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() {
     let (running, node) = virtual_node_and_chart_with(
@@ -378,6 +379,19 @@ async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() 
         game_up,
     )
     .await;
+
+    // Beside it, a pod bound to the node at creation: no gate can hold it, so it keeps the
+    // projected token, which this provider (as azure-aci) fills from the account's legacy token
+    // Secret, absent since Kubernetes 1.24. Its sidecar runs without a token and writes
+    // nothing; the pod says so (checked at the end, minutes later).
+    let mut bound = game_pod("game-bound");
+    bound.spec.as_mut().unwrap().node_name = Some(node.name().to_owned());
+    let bound = pods.create(&PostParams::default(), &bound).await.unwrap();
+    assert_eq!(
+        label(&bound, podprobe_manager::sidecar_token::LABEL).as_deref(),
+        Some(podprobe_manager::sidecar_token::PROJECTED),
+        "labelled at admission"
+    );
 
     // The token issued into the pod's Secret, and when it expires.
     let secret_name = support::token_secret(&up);
@@ -425,6 +439,40 @@ async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() 
     })
     .await;
     set_idle(&pods, false, "busy, written by the restarted sidecar").await;
+
+    // The bound pod has run its tokenless sidecar for longer than the manager's grace: an
+    // Event on it names its conditions and its projected token.
+    let running_bound = pods.get("game-bound").await.unwrap();
+    assert_eq!(
+        running_bound
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref()),
+        Some("Running"),
+        "{running_bound:?}"
+    );
+    assert_eq!(condition_status(&running_bound, IDLE), None);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(), NS);
+    let note = testkit::wait::until_some(
+        podprobe_manager::pods::unprobed::SILENCE + Duration::from_secs(90),
+        "a ProbeConditionsMissing Event on the pod bound at creation",
+        async || {
+            let listed = events.list(&Default::default()).await.ok()?;
+            let found = listed.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some(podprobe_manager::pods::unprobed::CONDITIONS_REASON)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("game-bound")
+            });
+            if found.is_none() {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            found.and_then(|e| e.note)
+        },
+    )
+    .await;
+    assert!(
+        note.contains(IDLE) && note.contains("projected"),
+        "the Event's note: {note}"
+    );
 }
 
 /// Makes game-0 idle (or busy) and waits until its idle condition says so.
