@@ -29,8 +29,9 @@ pub fn chain(facts: &PodFacts, settings: &Settings) -> Vec<Link> {
         annotation_link(facts, &expected),
         probes_link(facts),
         sidecar_link(facts, settings),
-        node_link(facts, settings),
     ];
+    links.extend(token_link(facts));
+    links.push(node_link(facts, settings));
     links.extend(exec_links(facts, settings));
     links.extend(probe_links(facts, &expected));
     links.extend(overwrites_link(facts, settings));
@@ -204,6 +205,53 @@ fn sidecar_link(facts: &PodFacts, settings: &Settings) -> Link {
             format!("container {name} is not ready ({why})"),
         ),
     }
+}
+
+/// The label by which podprobe-manager tracks a virtual-node sidecar's token.
+const TOKEN_LABEL: &str = "podprobe.io/sidecar-token";
+/// The prefix of the Secrets podprobe-manager issues virtual-node sidecars' tokens into.
+const TOKEN_SECRET_PREFIX: &str = "podprobe-token-";
+
+/// Where a virtual-node sidecar's token stands: `None` for a pod that has no issued token
+/// and is not labelled (the kubelet projects its token).
+fn token_link(facts: &PodFacts) -> Option<Link> {
+    let labels = facts.pod.metadata.labels.as_ref();
+    let state = labels.and_then(|l| l.get(TOKEN_LABEL)).map(String::as_str);
+    let secret = facts
+        .pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.secret.as_ref()?.secret_name.as_deref())
+        .find(|n| n.starts_with(TOKEN_SECRET_PREFIX));
+    let (ok, finding) = match (state, secret) {
+        (Some("pending"), _) => (
+            false,
+            format!(
+                "the pod waits, unscheduled, behind the scheduling gate {TOKEN_LABEL} until podprobe-manager issues its sidecar's token (are its replicas running? `podprobe-manager release-gates` lifts the gate by hand)"
+            ),
+        ),
+        (Some("refused"), _) => (
+            false,
+            "the pod was released without its sidecar's token (label podprobe.io/sidecar-token=refused): its sidecar cannot reach the apiserver; its Event SidecarTokenNotIssued says why".into(),
+        ),
+        (Some("projected"), _) => (
+            true,
+            "the pod keeps its projected service-account token (bound at creation, or automountServiceAccountToken: true), which a virtual node's provider may drop or replace: if no condition comes, that is why".into(),
+        ),
+        (_, Some(secret)) => (
+            true,
+            format!(
+                "the sidecar's token was issued by podprobe-manager into Secret {secret}, bound to this pod; the sidecar renews it itself"
+            ),
+        ),
+        (Some(other), None) => (
+            false,
+            format!("label {TOKEN_LABEL}={other}, which podprobe-manager does not write"),
+        ),
+        (None, None) => return None,
+    };
+    Some(link("token", ok, finding))
 }
 
 fn node_link(facts: &PodFacts, settings: &Settings) -> Link {
@@ -657,6 +705,35 @@ mod tests {
         assert!(equals.contains("--overwrite-repair backoff:"), "{equals}");
         let default = with(json!({"name": "podprobe"}));
         assert!(default.contains("after-change, the default"), "{default}");
+    }
+
+    #[test]
+    fn the_token_link_says_where_a_virtual_node_sidecars_token_stands() {
+        let with = |label: Option<&str>, secret: Option<&str>| {
+            let mut f = facts(Vec::new());
+            f.pod.metadata.labels = label.map(|v| [(TOKEN_LABEL.to_owned(), v.to_owned())].into());
+            let volumes: Vec<_> = secret
+                .map(|s| json!({"name": "podprobe-api-access", "secret": {"secretName": s}}))
+                .into_iter()
+                .collect();
+            f.pod.spec = Some(
+                serde_json::from_value(json!({"containers": [{"name": "main"}],
+                                             "volumes": volumes}))
+                .unwrap(),
+            );
+            token_link(&f).map(|l| (l.ok, l.finding))
+        };
+        assert_eq!(with(None, None), None, "a kubelet node's pod");
+        let (ok, f) = with(Some("pending"), Some("podprobe-token-abc")).unwrap();
+        assert!(!ok && f.contains("scheduling gate"), "{f}");
+        let (ok, f) = with(Some("refused"), Some("podprobe-token-abc")).unwrap();
+        assert!(!ok && f.contains("SidecarTokenNotIssued"), "{f}");
+        let (ok, f) = with(Some("projected"), None).unwrap();
+        assert!(ok && f.contains("projected service-account token"), "{f}");
+        let (ok, f) = with(None, Some("podprobe-token-abc")).unwrap();
+        assert!(ok && f.contains("Secret podprobe-token-abc"), "{f}");
+        let (ok, f) = with(Some("odd"), None).unwrap();
+        assert!(!ok && f.contains("odd"), "{f}");
     }
 
     #[test]
