@@ -21,8 +21,8 @@ use podprobe_manager::webhook::Mode;
 use serde_json::{Value, json};
 
 use installed::{
-    NS, admitted_game_pod, install_and_run_with, listening_target, run_injected_sidecar,
-    run_injected_sidecar_with, wait_marked,
+    NS, admitted_game_pod, install_and_run_with, listening_target, run_injected_sidecar_with,
+    wait_marked,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -226,7 +226,23 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
         i32::from(metrics_port),
         "the injected sidecar declares its metrics port"
     );
-    let _sidecar = run_injected_sidecar(&running, &pod, "podprobe-sidecar").await;
+    // Renewing its own token, as the sidecar of a virtual-node pod does: the renewal's series
+    // are scraped with the rest.
+    let renewal_dir = tempfile::tempdir().unwrap();
+    let token = running
+        .cp
+        .pod_token("podprobe-sidecar", &pod)
+        .await
+        .unwrap();
+    let _sidecar = run_injected_sidecar_with(
+        &running,
+        &pod,
+        &token,
+        &[(
+            "PODPROBE_RENEW_TOKEN_DIR",
+            renewal_dir.path().to_str().unwrap(),
+        )],
+    );
     wait_marked(&running, "game-0").await;
 
     // A sidecar whose writes the apiserver refuses, for real: game-1's, run with a token bound
@@ -265,6 +281,7 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
                 get(manager_addr).await,
             );
             if sidecar.contains("podprobe_probe_state{")
+                && sidecar.contains("podprobe_token_renewal_timestamp_seconds{")
                 && refused.contains("podprobe_status_write_errors_total{code=\"403\"}")
                 && (mode == Mode::Companion || manager.contains("podprobe_manager_leader 1"))
                 && manager.contains("podprobe_manager_build_info")
@@ -459,6 +476,20 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
             ("severity", "warning"),
         ],
     );
+    let token_drives = |expiry: &str| {
+        vec![
+            Drive {
+                name: "podprobe_token_renewal_timestamp_seconds",
+                matching: owned(&sidecar_target),
+                values: "0x40".into(),
+            },
+            Drive {
+                name: "podprobe_token_expiry_timestamp_seconds",
+                matching: owned(&sidecar_target),
+                values: expiry.into(),
+            },
+        ]
+    };
     let mut scenarios = vec![
         Scenario {
             alert: "PodProbeStatusWriteErrors",
@@ -514,6 +545,18 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
                 values: "1x40".into(),
             }],
             expect: no_results,
+        },
+        // The renewal came due half an hour ago and the apiserver keeps refusing it; then no
+        // token at all (the sidecar shows it as one that expired at the epoch).
+        Scenario {
+            alert: "PodProbeSidecarTokenFailing",
+            drives: token_drives("3600x40"),
+            expect: on(&sidecar_target, &[("severity", "warning")]),
+        },
+        Scenario {
+            alert: "PodProbeSidecarTokenFailing",
+            drives: token_drives("0x40"),
+            expect: on(&sidecar_target, &[("severity", "warning")]),
         },
         Scenario {
             alert: "PodProbeManagerWebhookErrors",
@@ -587,6 +630,15 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
                 name: "podprobe_manager_pods_without_sidecar",
                 matching: owned(&manager_target),
                 values: "2x40".into(),
+            }],
+            expect: owned(&[("namespace", cluster::RELEASE_NS), ("severity", "warning")]),
+        },
+        Scenario {
+            alert: "PodProbeManagerPodsWithoutConditions",
+            drives: vec![Drive {
+                name: "podprobe_manager_pods_without_conditions",
+                matching: owned(&manager_target),
+                values: "1x40".into(),
             }],
             expect: owned(&[("namespace", cluster::RELEASE_NS), ("severity", "warning")]),
         },
