@@ -8,7 +8,10 @@
 //! of one pod, the sidecar reaching the game over the pod's own network and the apiserver
 //! with the token the provider copied from the issued Secret, exec probes through
 //! `pods/exec`, the library and the provider's CRI exec, while the provider writes its own
-//! status over the pod's every 5 s.
+//! status over the pod's every 5 s. The apiserver caps service account tokens at an hour
+//! (`--service-account-max-token-expiration=1h`, the shortest it allows; managed clusters cap
+//! them too), so the token the chart asks for a year is issued for an hour, and the sidecar
+//! renews it within that hour, as it would on such a cluster.
 
 mod cluster;
 mod installed;
@@ -38,6 +41,8 @@ const ACCEPTING: &str = "game.kruise.io/accepting";
 const SERVING: &str = "game.kruise.io/serving";
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 const ALL: [&str; 4] = [IDLE, HEALTHY, ACCEPTING, SERVING];
+/// The apiserver's cap on service account tokens, `--service-account-max-token-expiration`.
+const TOKEN_CAP: Duration = Duration::from_secs(3600);
 
 /// The virtual node (`agent`) with kube-scheduler, and the chart in `mode` with its defaults
 /// but for the sidecar image, which is the one built here.
@@ -52,7 +57,11 @@ async fn virtual_node_and_chart_with(
     values: &[&str],
 ) -> (Running, Node) {
     let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
-    let mut cp = ControlPlane::start_on(network.host_ip())
+    let cap = format!(
+        "--service-account-max-token-expiration={}s",
+        TOKEN_CAP.as_secs()
+    );
+    let mut cp = ControlPlane::start_on_with_flags(network.host_ip(), &[&cap])
         .await
         .unwrap_or_else(|e| panic!("control plane: {e}"));
     let options = NodeOptions {
@@ -217,6 +226,26 @@ async fn runs_the_injected_pod_and_its_probes(agent: VirtualAgent) {
         sidecar_log.contains("reads its probes from the apiserver"),
         "the virtual-node shape's source:\n{sidecar_log}"
     );
+
+    // The chart asks for a year; the apiserver issued an hour, and the sidecar renews at
+    // 80 % of the hour it holds, well before the cap ends it.
+    let issued = issued_token(cp, &up).await;
+    let lifetime = issued.expires.duration_since(issued.issued);
+    assert_eq!(
+        lifetime.unsigned_abs(),
+        TOKEN_CAP,
+        "the issued token's lifetime under the cap"
+    );
+    let renewing = format!(
+        "expires at {}; renewing it at {}",
+        issued.expires,
+        issued.renew_at()
+    );
+    assert!(
+        sidecar_log.contains(&renewing),
+        "the sidecar schedules its renewal by the capped token ({renewing}):\n{sidecar_log}"
+    );
+
     let markers = wait_for(&pods, "game-0", "Failed markers", |p| {
         label(p, IDLE).as_deref() == Some("false")
     })
@@ -356,8 +385,9 @@ async fn virtual_node_untainted_runs_a_pod_its_affinity_sends_there_with_its_iss
 /// The sidecar renews the issued token at 80 % of its lifetime with a TokenRequest bound to
 /// its own pod, which the chart's policy admits; past the issued token's expiry, when that token
 /// is refused, the probes' results still reach the pod, and a sidecar restarted then starts
-/// from the renewed token it kept in the pod's memory volume. Beside it, a pod bound at
-/// creation, whose sidecar the provider starts without a token, says so on the pod.
+/// from the renewed token it kept in the pod's memory volume; all of it while no manager
+/// replica runs. Beside it, a pod bound at creation, whose sidecar the provider starts without
+/// a token, says so on the pod.
 #[tokio::test(flavor = "multi_thread")]
 async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() {
     let (running, node) = virtual_node_and_chart_with(
@@ -383,7 +413,7 @@ async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() 
     // Beside it, a pod bound to the node at creation: no gate can hold it, so it keeps the
     // projected token, which this provider (as azure-aci) fills from the account's legacy token
     // Secret, absent since Kubernetes 1.24. Its sidecar runs without a token and writes
-    // nothing; the pod says so (checked at the end, minutes later).
+    // nothing; the pod says so (checked below, minutes later).
     let mut bound = game_pod("game-bound");
     bound.spec.as_mut().unwrap().node_name = Some(node.name().to_owned());
     let bound = pods.create(&PostParams::default(), &bound).await.unwrap();
@@ -394,16 +424,57 @@ async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() 
     );
 
     // The token issued into the pod's Secret, and when it expires.
-    let secret_name = support::token_secret(&up);
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cp.client(), NS);
-    let secret = secrets.get(&secret_name).await.unwrap();
-    let issued = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
+    let issued = issued_token_text(cp, &up).await;
     let expires = podprobe::credential::Claims::of(&issued).unwrap().expires;
     let lifetime = expires.duration_since(jiff::Timestamp::now());
     assert!(
         lifetime <= jiff::SignedDuration::from_mins(10),
         "the chart's lifetime: {lifetime:#}"
     );
+
+    // The bound pod runs its tokenless sidecar for longer than the manager's grace: an Event
+    // on it names its conditions and its projected token.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(), NS);
+    let note = testkit::wait::until_some(
+        podprobe_manager::pods::unprobed::SILENCE + Duration::from_secs(90),
+        "a ProbeConditionsMissing Event on the pod bound at creation",
+        async || {
+            let listed = events.list(&Default::default()).await.ok()?;
+            let found = listed.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some(podprobe_manager::pods::unprobed::CONDITIONS_REASON)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("game-bound")
+            });
+            if found.is_none() {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            found.and_then(|e| e.note)
+        },
+    )
+    .await;
+    assert!(
+        note.contains(IDLE) && note.contains("projected"),
+        "the Event's note: {note}"
+    );
+    let running_bound = pods.get("game-bound").await.unwrap();
+    assert_eq!(
+        running_bound
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref()),
+        Some("Running"),
+        "{running_bound:?}"
+    );
+    assert_eq!(condition_status(&running_bound, IDLE), None);
+
+    // Every manager replica stops, and stays down: what follows (the token's expiry, its
+    // renewal, the idle probe's flips, a restarted sidecar) needs no manager.
+    let Running {
+        cp,
+        manager,
+        dir: _dir,
+    } = running;
+    let cp = &cp;
+    manager.kill();
 
     // Past its expiry: the apiserver accepts a token up to a minute after its `exp` (its JWT
     // validation's leeway) and caches a review for 10 s, so the issued token is asked with
@@ -439,40 +510,18 @@ async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() 
     })
     .await;
     set_idle(&pods, false, "busy, written by the restarted sidecar").await;
+}
 
-    // The bound pod has run its tokenless sidecar for longer than the manager's grace: an
-    // Event on it names its conditions and its projected token.
-    let running_bound = pods.get("game-bound").await.unwrap();
-    assert_eq!(
-        running_bound
-            .status
-            .as_ref()
-            .and_then(|s| s.phase.as_deref()),
-        Some("Running"),
-        "{running_bound:?}"
-    );
-    assert_eq!(condition_status(&running_bound, IDLE), None);
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cp.client(), NS);
-    let note = testkit::wait::until_some(
-        podprobe_manager::pods::unprobed::SILENCE + Duration::from_secs(90),
-        "a ProbeConditionsMissing Event on the pod bound at creation",
-        async || {
-            let listed = events.list(&Default::default()).await.ok()?;
-            let found = listed.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some(podprobe_manager::pods::unprobed::CONDITIONS_REASON)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("game-bound")
-            });
-            if found.is_none() {
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-            found.and_then(|e| e.note)
-        },
-    )
-    .await;
-    assert!(
-        note.contains(IDLE) && note.contains("projected"),
-        "the Event's note: {note}"
-    );
+/// The token the manager issued into `pod`'s Secret.
+async fn issued_token_text(cp: &ControlPlane, pod: &Pod) -> String {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cp.client(), NS);
+    let secret = secrets.get(&support::token_secret(pod)).await.unwrap();
+    String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap()
+}
+
+/// The claims of the token the manager issued into `pod`'s Secret.
+async fn issued_token(cp: &ControlPlane, pod: &Pod) -> podprobe::credential::Claims {
+    podprobe::credential::Claims::of(&issued_token_text(cp, pod).await).unwrap()
 }
 
 /// Makes game-0 idle (or busy) and waits until its idle condition says so.

@@ -13,6 +13,7 @@ impl ControlPlane {
     pub(super) async fn start_once(
         address: Ipv4Addr,
         apiserver: &str,
+        flags: &[&str],
     ) -> Result<ControlPlane, Error> {
         let apiserver_bin = tools::tool(apiserver)?;
         let etcd_bin = tools::tool("etcd")?;
@@ -69,7 +70,7 @@ impl ControlPlane {
             "--log-level=warn".to_owned(),
         ];
         let etcd = Daemon::spawn("etcd", &etcd_bin, &etcd_args, path("etcd.log"))?;
-        let apiserver_args = vec![
+        let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_client}"),
             format!("--bind-address={address}"),
             format!("--advertise-address={address}"),
@@ -104,6 +105,7 @@ impl ControlPlane {
             "--profiling=true".to_owned(),
             "--v=1".to_owned(),
         ];
+        apiserver_args.extend(flags.iter().map(|f| (*f).to_owned()));
         let apiserver = Daemon::spawn(
             "kube-apiserver",
             &apiserver_bin,

@@ -150,7 +150,17 @@ impl ControlPlane {
     /// `kubernetes.default.svc`), as in-cluster clients check. The Services' addresses are the
     /// node network's own ([`ServiceRange::of_apiserver`]).
     pub async fn start_on(address: Ipv4Addr) -> Result<ControlPlane, Error> {
-        Self::start_with(address, "kube-apiserver").await
+        Self::start_with(address, "kube-apiserver", &[]).await
+    }
+
+    /// [`ControlPlane::start_on`] with kube-apiserver given `flags` besides the test control
+    /// plane's own: a setting a user's cluster may have (a token lifetime cap, say) that the
+    /// tests must meet as that cluster would.
+    pub async fn start_on_with_flags(
+        address: Ipv4Addr,
+        flags: &[&str],
+    ) -> Result<ControlPlane, Error> {
+        Self::start_with(address, "kube-apiserver", flags).await
     }
 
     /// [`ControlPlane::start`] with the oldest kube-apiserver the chart supports
@@ -158,14 +168,18 @@ impl ControlPlane {
     /// the install, the webhooks, the admission policies and the sidecar against.
     pub async fn start_oldest() -> Result<ControlPlane, Error> {
         let tool = format!("kube-apiserver-{OLDEST_KUBERNETES}");
-        Self::start_with(Ipv4Addr::LOCALHOST, &tool).await
+        Self::start_with(Ipv4Addr::LOCALHOST, &tool, &[]).await
     }
 
-    async fn start_with(address: Ipv4Addr, apiserver: &str) -> Result<ControlPlane, Error> {
+    async fn start_with(
+        address: Ipv4Addr,
+        apiserver: &str,
+        flags: &[&str],
+    ) -> Result<ControlPlane, Error> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            match Self::start_once(address, apiserver).await {
+            match Self::start_once(address, apiserver, flags).await {
                 Err(Error::Exited(name, status, log))
                     if attempt < 3 && log.contains("address already in use") =>
                 {
