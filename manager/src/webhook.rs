@@ -147,9 +147,9 @@ impl Webhooks {
                 }) {
                 Ok(mut r) => {
                     if !m.warnings.is_empty() {
-                        let pod = req.name.as_str();
+                        let pod = admitted_name(&req);
                         for w in &m.warnings {
-                            tracing::warn!(namespace = ?req.namespace, pod, "{w}");
+                            tracing::warn!(namespace = ?req.namespace, pod, uid = %req.uid, "{w}");
                         }
                         r.warnings = Some(m.warnings);
                     }
@@ -232,6 +232,18 @@ impl Webhooks {
 }
 
 /// Admit unchanged, with a warning: a bug or a cache problem must not stop pod creation.
+/// The admitted pod's name for a log line: a pod created with `generateName` has none yet at
+/// admission, so its prefix stands in (`game-` becomes `game-*`).
+fn admitted_name(req: &AdmissionRequest<DynamicObject>) -> String {
+    if !req.name.is_empty() {
+        return req.name.clone();
+    }
+    req.object
+        .as_ref()
+        .and_then(|o| o.metadata.generate_name.as_deref())
+        .map_or_else(String::new, |prefix| format!("{prefix}*"))
+}
+
 fn internal_error(req: &AdmissionRequest<DynamicObject>, error: &str) -> AdmissionResponse {
     tracing::error!(uid = %req.uid, name = %req.name, "pod admitted unchanged: {error}");
     let mut r = AdmissionResponse::from(req);
@@ -441,5 +453,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A pod created with `generateName` has no name at admission; its log lines name its
+    /// prefix rather than nothing.
+    #[test]
+    fn a_generated_pod_is_named_by_its_prefix() {
+        let request = |metadata: serde_json::Value, name: &str| {
+            let review: AdmissionReview<DynamicObject> =
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                    "request": {"uid": "u", "name": name,
+                        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"},
+                        "namespace": "games", "operation": "CREATE", "userInfo": {},
+                        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": metadata}}
+                }))
+                .unwrap();
+            review.try_into().unwrap()
+        };
+        let named = request(serde_json::json!({"name": "gs-0"}), "gs-0");
+        assert_eq!(admitted_name(&named), "gs-0");
+        let generated = request(serde_json::json!({"generateName": "gs-"}), "");
+        assert_eq!(admitted_name(&generated), "gs-*");
     }
 }
