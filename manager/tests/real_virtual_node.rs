@@ -29,7 +29,7 @@ use podprobe_manager::webhook::Mode;
 use serde_json::json;
 use testkit::real::node::images::{GAMESERVER_IMAGE, SIDECAR_IMAGE};
 use testkit::real::virtual_kubelet::VIRTUAL_KUBELET_USER;
-use testkit::real::{ControlPlane, Node, NodeNetwork, NodeOptions, VirtualAgent};
+use testkit::real::{ControlPlane, FaultProxy, Node, NodeNetwork, NodeOptions, VirtualAgent};
 
 use installed::{NS, Running, install_and_run_with};
 use on_node::{SIDECAR, container_id, exec, logs, restart_count, wait_for};
@@ -41,6 +41,9 @@ const ACCEPTING: &str = "game.kruise.io/accepting";
 const SERVING: &str = "game.kruise.io/serving";
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
 const ALL: [&str; 4] = [IDLE, HEALTHY, ACCEPTING, SERVING];
+/// What the sidecar logs when its provider started it without the token it should renew.
+const NO_TOKEN: &str =
+    "a virtual node's provider that started the container before it saw that Secret";
 /// The apiserver's cap on service account tokens, `--service-account-max-token-expiration`.
 const TOKEN_CAP: Duration = Duration::from_secs(3600);
 
@@ -56,6 +59,19 @@ async fn virtual_node_and_chart_with(
     mode: Mode,
     values: &[&str],
 ) -> (Running, Node) {
+    let (running, node, _) = virtual_node_lagging(agent, mode, values, None).await;
+    (running, node)
+}
+
+/// [`virtual_node_and_chart_with`]; with `secret_lag`, the provider reaches the apiserver
+/// through a fault proxy that holds each event of its Secret watches that long, as an
+/// informer that lags the apiserver sees them.
+async fn virtual_node_lagging(
+    mut agent: VirtualAgent,
+    mode: Mode,
+    values: &[&str],
+    secret_lag: Option<Duration>,
+) -> (Running, Node, Option<FaultProxy>) {
     let network = NodeNetwork::create().unwrap_or_else(|e| panic!("node network: {e}"));
     let cap = format!(
         "--service-account-max-token-expiration={}s",
@@ -64,6 +80,19 @@ async fn virtual_node_and_chart_with(
     let mut cp = ControlPlane::start_on_with_flags(network.host_ip(), &[&cap])
         .await
         .unwrap_or_else(|e| panic!("control plane: {e}"));
+    let proxy = match secret_lag {
+        None => None,
+        Some(lag) => {
+            let proxy = FaultProxy::start_on(&cp, network.host_ip())
+                .await
+                .unwrap_or_else(|e| panic!("fault proxy: {e}"));
+            proxy
+                .faults()
+                .add(testkit::Fault::delay_watch_events(lag).path_contains("/secrets"));
+            agent.apiserver = Some(proxy.url());
+            Some(proxy)
+        }
+    };
     let options = NodeOptions {
         virtual_agent: Some(agent),
         // Lifts the not-ready taint the apiserver gives a new node, which kube-scheduler
@@ -87,7 +116,7 @@ async fn virtual_node_and_chart_with(
         args.extend(["--set", value]);
     }
     let running = install_and_run_with(cp, mode, &args).await;
-    (running, node)
+    (running, node, proxy)
 }
 
 /// The example game server's probes with the idle recipe's markers; named ports, which the
@@ -510,6 +539,85 @@ async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() 
     })
     .await;
     set_idle(&pods, false, "busy, written by the restarted sidecar").await;
+}
+
+/// A provider whose Secret informer lags the apiserver, under azure-aci's rules (it copies a
+/// pod's Secrets from its informer once, when it creates the pod, and skips a missing optional
+/// one): the issuer writes the token's Secret before it lifts the gate, yet the provider,
+/// which sees the Secret only 30 s later, starts the sidecar without it. The sidecar says so,
+/// and writes nothing: a bound of the optional token volume (SECURITY.md), which the pod's
+/// `ProbeConditionsMissing` Event and the sidecar's `PodProbeSidecarTokenFailing` alert report
+/// (as for the pod bound at creation above). Without the lag, the same pod runs with its token.
+#[tokio::test(flavor = "multi_thread")]
+async fn virtual_node_aci_with_a_lagging_secret_informer_starts_the_sidecar_without_its_token() {
+    let agent = VirtualAgent {
+        aci: true,
+        ..VirtualAgent::default()
+    };
+    let lag = Duration::from_secs(30);
+    let (running, _node, proxy) =
+        virtual_node_lagging(agent, Mode::Standalone, &[], Some(lag)).await;
+    let proxy = proxy.unwrap();
+    let cp = &running.cp;
+    Api::namespaced(cp.client(), NS)
+        .create(&PostParams::default(), &game_ppm())
+        .await
+        .unwrap();
+    let pods = create_admitted(cp, &game_pod("game-0")).await;
+    let started = wait_for(&pods, "game-0", "the sidecar started", |p| {
+        container_id(p, SIDECAR).is_some()
+    })
+    .await;
+
+    // The Secret, with its token, was there before the pod was bound: the issuer did its part.
+    let issued = issued_token(cp, &started).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(cp.client(), NS);
+    let secret = secrets.get(&support::token_secret(&started)).await.unwrap();
+    let written = secret.metadata.creation_timestamp.unwrap().0;
+    let scheduled = started
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"))
+        .and_then(|c| c.last_transition_time.clone())
+        .expect("PodScheduled")
+        .0;
+    assert!(
+        written <= scheduled,
+        "the Secret ({written}) before the binding ({scheduled})"
+    );
+    assert_eq!(issued.pod_name, "game-0");
+    // The provider's Secret watch was held.
+    assert!(
+        proxy
+            .journal()
+            .entries()
+            .iter()
+            .any(|e| e.fault && e.is_watch() && e.path.contains("/secrets")),
+        "the provider watched Secrets through the proxy"
+    );
+
+    // The sidecar started without the token: it says so, and writes no condition.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let log = loop {
+        let log = logs(&pods, "game-0", SIDECAR).await;
+        if log.contains(NO_TOKEN) {
+            break log;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sidecar's log does not say it has no token ({NO_TOKEN:?}):\n{log}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let now = pods.get("game-0").await.unwrap();
+    for condition in ALL {
+        assert_eq!(
+            condition_status(&now, condition),
+            None,
+            "{condition} written without a token:\n{log}"
+        );
+    }
 }
 
 /// The token the manager issued into `pod`'s Secret.

@@ -81,7 +81,16 @@ pub async fn run(
     options: SidecarOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), SidecarError> {
-    run_with(options, configure(), shutdown).await
+    // Where it renews its own token, the manager issued it into a Secret that the node's
+    // provider copies into the pod: an empty token volume means the provider started this
+    // container before it saw that Secret (an informer that lagged), and copies it no more.
+    let hint = options.renew_token_dir.as_ref().map(|_| {
+        "; this sidecar's token comes from the Secret podprobe-manager issued for its pod: \
+         a virtual node's provider that started the container before it saw that Secret \
+         left the token volume empty and does not fill it later, so recreate the pod \
+         (alert PodProbeSidecarTokenFailing)"
+    });
+    run_with(options, configure(hint.unwrap_or_default()), shutdown).await
 }
 
 /// [`run`] with a configuration made by the caller instead of the in-cluster service account
@@ -313,8 +322,9 @@ async fn source_and_clients(
 
 /// The in-cluster service account's (or KUBECONFIG's) configuration, once clients can be built
 /// from it (its CA and token readable), retrying with backoff: without it the sidecar can write
-/// nothing, but exiting would only crash-loop the pod.
-async fn configure() -> kube::Config {
+/// nothing, but exiting would only crash-loop the pod. `hint` ends each log line: the likely
+/// cause, where one is known.
+async fn configure(hint: &str) -> kube::Config {
     const MAX_WAIT: Duration = Duration::from_secs(60);
     let mut waits = ExponentialBuilder::default()
         .with_min_delay(Duration::from_secs(1))
@@ -334,7 +344,7 @@ async fn configure() -> kube::Config {
             Err(e) => {
                 let wait = waits.next().unwrap_or(MAX_WAIT);
                 tracing::error!(
-                    "cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG); retrying in {wait:?}: {e}"
+                    "cannot configure a Kubernetes client (in-cluster service account or KUBECONFIG); retrying in {wait:?}: {e}{hint}"
                 );
                 tokio::time::sleep(wait).await;
             }

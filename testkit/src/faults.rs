@@ -39,6 +39,13 @@ pub enum Action {
         /// Events sent before the server closes the stream.
         events: usize,
     },
+    /// For a watch: pass each event (line) on this long after the apiserver sent it, as a
+    /// client whose watch lags would see it (an informer behind a slow link or a busy
+    /// apiserver). Other requests are handled normally.
+    DelayWatchEvents {
+        /// Milliseconds each event is held.
+        millis: u64,
+    },
     /// For a watch: answer with one `ERROR` event, code 410 (`Expired`), and end the stream,
     /// as kube-apiserver's watch cache answers a watch from a resourceVersion it no longer
     /// holds. The client must list again. Other requests are handled normally.
@@ -134,6 +141,14 @@ impl Fault {
     /// End matching watches after `events` events.
     pub fn end_watch_after(events: usize) -> Self {
         Self::new(Action::EndWatchAfter { events }).watch()
+    }
+
+    /// Hold each event of matching watches for `d` ([`Action::DelayWatchEvents`]).
+    pub fn delay_watch_events(d: Duration) -> Self {
+        Self::new(Action::DelayWatchEvents {
+            millis: d.as_millis() as u64,
+        })
+        .watch()
     }
 
     /// Answer matching watches with an expired resourceVersion ([`Action::WatchExpired`]).
@@ -252,7 +267,11 @@ impl Faults {
             if !rule.matches(method, path, query, content_type) {
                 continue;
             }
-            if matches!(rule.action, Action::EndWatchAfter { .. }) && !is_watch {
+            if matches!(
+                rule.action,
+                Action::EndWatchAfter { .. } | Action::DelayWatchEvents { .. }
+            ) && !is_watch
+            {
                 continue;
             }
             if matches!(rule.action, Action::DropExecStreamAfter { .. }) && !path.ends_with("/exec")

@@ -75,7 +75,7 @@ pub(crate) async fn handle(
         &entry.content_type,
         is_watch,
     );
-    let (mut end_watch_after, mut drop_exec_after) = (None, None);
+    let (mut end_watch_after, mut drop_exec_after, mut delay_events) = (None, None, None);
     for action in actions {
         match action {
             Action::Delay { millis } => tokio::time::sleep(Duration::from_millis(millis)).await,
@@ -102,6 +102,10 @@ pub(crate) async fn handle(
             }
             Action::WatchExpired => {}
             Action::EndWatchAfter { events } => end_watch_after = Some(events),
+            Action::DelayWatchEvents { millis } => {
+                entry.fault = true;
+                delay_events = Some(Duration::from_millis(millis));
+            }
             Action::DropExecStreamAfter { bytes } => drop_exec_after = Some(bytes),
             Action::WithoutSubprotocol { protocol } => {
                 entry.fault = true;
@@ -140,8 +144,9 @@ pub(crate) async fn handle(
     }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers, false);
-    let body = match end_watch_after {
-        Some(events) if is_watch => watch::end_after(body, events),
+    let body = match (end_watch_after, delay_events) {
+        (Some(events), _) if is_watch => watch::end_after(body, events),
+        (None, Some(delay)) if is_watch => watch::delay_events(body, delay),
         _ => body.map_err(BoxError::from).boxed(),
     };
     Ok(Response::from_parts(parts, body))

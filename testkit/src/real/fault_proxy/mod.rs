@@ -113,12 +113,31 @@ impl FaultProxy {
         cp: &ControlPlane,
         client_side: ClientSide,
     ) -> Result<FaultProxy, ProxyError> {
+        Self::start_at(cp, client_side, std::net::Ipv4Addr::LOCALHOST).await
+    }
+
+    /// A TLS proxy (its certificate names `address`, from the control plane's CA) on a free
+    /// port of `address` in front of `cp`'s apiserver: the host side of a
+    /// [`NodeNetwork`](super::NodeNetwork), which an agent in the node's network namespace
+    /// reaches. TLS, since client-go sends no bearer token over plain HTTP.
+    pub async fn start_on(
+        cp: &ControlPlane,
+        address: std::net::Ipv4Addr,
+    ) -> Result<FaultProxy, ProxyError> {
+        Self::start_at(cp, ClientSide::Tls, address).await
+    }
+
+    async fn start_at(
+        cp: &ControlPlane,
+        client_side: ClientSide,
+        address: std::net::Ipv4Addr,
+    ) -> Result<FaultProxy, ProxyError> {
         let upstream = Upstream::new(cp.url(), cp.pki().ca_der())?;
         let tls_acceptor = match client_side {
             ClientSide::Plain => None,
-            ClientSide::Tls => Some(acceptor(cp)?),
+            ClientSide::Tls => Some(acceptor(cp, address)?),
         };
-        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let any = SocketAddr::from((address, 0));
         let listener = TcpListener::bind(any)
             .await
             .map_err(|e| ProxyError::Listen(any, e))?;
@@ -142,7 +161,7 @@ impl FaultProxy {
         Ok(proxy)
     }
 
-    /// `http://127.0.0.1:<port>` or `https://…`.
+    /// `http://<address>:<port>` or `https://…`.
     pub fn url(&self) -> String {
         let scheme = match self.client_side {
             ClientSide::Plain => "http",
@@ -338,11 +357,15 @@ impl Upstream {
     }
 }
 
-fn acceptor(cp: &ControlPlane) -> Result<tokio_rustls::TlsAcceptor, ProxyError> {
+fn acceptor(
+    cp: &ControlPlane,
+    address: std::net::Ipv4Addr,
+) -> Result<tokio_rustls::TlsAcceptor, ProxyError> {
     let tls_err = |e: &dyn std::fmt::Display| ProxyError::Tls(e.to_string());
+    let address = address.to_string();
     let pair = cp
         .pki()
-        .issue(&["127.0.0.1", "localhost"])
+        .issue(&["127.0.0.1", "localhost", &address])
         .map_err(|e| tls_err(&e))?;
     let certs = CertificateDer::pem_slice_iter(pair.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()

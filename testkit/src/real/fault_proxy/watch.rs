@@ -1,6 +1,7 @@
-//! A watch that ends early: the apiserver's stream passed on line by line (one JSON event per
-//! line), ended cleanly after so many events, as an apiserver ends a watch at its timeout or
-//! on shutdown. Bookmarks are not counted, as a client cannot rely on them.
+//! Watches changed on their way: the apiserver's stream passed on line by line (one JSON event
+//! per line), ended cleanly after so many events, as an apiserver ends a watch at its timeout or
+//! on shutdown (bookmarks are not counted, as a client cannot rely on them), or each event
+//! held for a while, as a lagging watch delivers it.
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
@@ -35,6 +36,49 @@ pub(crate) fn end_after(body: Incoming, events: usize) -> ProxyBody {
             }
         }
     });
+    BodyExt::boxed(StreamBody::new(stream))
+}
+
+/// Each line of `body` passed on `delay` after it arrived, in order; the stream ends (or fails)
+/// as the apiserver's did, once the lines before have been passed on.
+pub(crate) fn delay_events(body: Incoming, delay: std::time::Duration) -> ProxyBody {
+    let (lines, mut held) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut body = BodyStream::new(body);
+        let mut pending = BytesMut::new();
+        loop {
+            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let line = pending.split_to(end + 1).freeze();
+                if lines.send((tokio::time::Instant::now(), Ok(line))).is_err() {
+                    return; // the client went away
+                }
+            }
+            match body.next().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        pending.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    let _ = lines.send((tokio::time::Instant::now(), Err(BoxError::from(e))));
+                    return;
+                }
+                None => {
+                    if !pending.is_empty() {
+                        let rest = pending.split().freeze();
+                        let _ = lines.send((tokio::time::Instant::now(), Ok(rest)));
+                    }
+                    return;
+                }
+            }
+        }
+    });
+    let stream = futures::stream::poll_fn(move |cx| held.poll_recv(cx)).then(
+        move |(arrived, line)| async move {
+            tokio::time::sleep_until(arrived + delay).await;
+            line.map(Frame::data)
+        },
+    );
     BodyExt::boxed(StreamBody::new(stream))
 }
 

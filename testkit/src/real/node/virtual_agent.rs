@@ -35,6 +35,11 @@ pub struct VirtualAgent {
     pub ready_only: bool,
     /// Exec calls allowed a minute (Alibaba ECI: 500).
     pub exec_quota: Option<u32>,
+    /// Where the provider reaches the apiserver, over TLS with a certificate from the control
+    /// plane's CA: a [`FaultProxy`](super::super::FaultProxy) on the node network's host side
+    /// ([`FaultProxy::start_on`](super::super::FaultProxy::start_on)) that changes what it
+    /// sees. `None`: the apiserver itself.
+    pub apiserver: Option<String>,
 }
 
 impl VirtualAgent {
@@ -68,16 +73,28 @@ impl VirtualAgent {
         cgroup_root: &str,
     ) -> Result<AgentCommand, Error> {
         let kubeconfig = dir.join("vk-cri.kubeconfig");
-        cp.write_kubeconfig_for_token(&kubeconfig, VIRTUAL_NODE_TOKEN)?;
+        let ca = dir.join("ca.crt");
+        std::fs::write(&ca, cp.pki().ca_pem())?;
+        match &self.apiserver {
+            None => cp.write_kubeconfig_for_token(&kubeconfig, VIRTUAL_NODE_TOKEN)?,
+            Some(url) => std::fs::write(
+                &kubeconfig,
+                serde_json::json!({
+                    "apiVersion": "v1", "kind": "Config",
+                    "clusters": [{"name": "proxy", "cluster": {
+                        "server": url, "certificate-authority": ca.display().to_string()}}],
+                    "users": [{"name": "virtual-kubelet", "user": {"token": VIRTUAL_NODE_TOKEN}}],
+                    "contexts": [{"name": "proxy",
+                                  "context": {"cluster": "proxy", "user": "virtual-kubelet"}}],
+                    "current-context": "proxy",
+                })
+                .to_string(),
+            )?,
+        }
         let serving = cp.pki().issue(&[&node_ip.to_string()])?;
-        let (cert, key, ca) = (
-            dir.join("vk-cri.crt"),
-            dir.join("vk-cri.key"),
-            dir.join("ca.crt"),
-        );
+        let (cert, key) = (dir.join("vk-cri.crt"), dir.join("vk-cri.key"));
         std::fs::write(&cert, &serving.cert_pem)?;
         std::fs::write(&key, &serving.key_pem)?;
-        std::fs::write(&ca, cp.pki().ca_pem())?;
         let mut args = vec![
             format!("--nodename={}", self.node_name()),
             format!("--cri={}", socket.display()),
