@@ -38,7 +38,9 @@ pub struct RunArgs {
     /// kruise.io/podprobe and kruise.io/podprobemarker-list pod annotations (and keeps them in
     /// step with PodProbeMarker changes), applies markerPolicy labels/annotations and writes
     /// PodProbeMarker status. `companion`: OpenKruise (EnablePodProbeMarkerOnServerless) owns
-    /// all of that; podprobe only injects the sidecar and runs no controller.
+    /// all of that; podprobe injects the sidecar and, for virtual-node pods, issues their
+    /// sidecars' tokens (Secrets, the token label and scheduling gate, Events), and runs no
+    /// marker or annotation controller.
     #[arg(long, value_enum, default_value_t = ModeArg::Standalone, env = "PODPROBE_MANAGER_MODE")]
     pub mode: ModeArg,
 
