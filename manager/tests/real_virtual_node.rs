@@ -172,12 +172,17 @@ fn game_pod(name: &str) -> Pod {
 /// server pod `game-0` admitted (running or not yet).
 async fn game_on(agent: VirtualAgent) -> (Running, Node, Api<Pod>) {
     let (running, node) = virtual_node_and_chart(agent, Mode::Standalone).await;
-    Api::namespaced(running.cp.client(), NS)
+    let pods = create_game(&running.cp).await;
+    (running, node, pods)
+}
+
+/// [`game_ppm`], and the game server pod `game-0` admitted (running or not yet).
+async fn create_game(cp: &ControlPlane) -> Api<Pod> {
+    Api::namespaced(cp.client(), NS)
         .create(&PostParams::default(), &game_ppm())
         .await
         .unwrap();
-    let pods = create_admitted(&running.cp, &game_pod("game-0")).await;
-    (running, node, pods)
+    create_admitted(cp, &game_pod("game-0")).await
 }
 
 async fn create_admitted(cp: &ControlPlane, pod: &Pod) -> Api<Pod> {
@@ -426,11 +431,7 @@ async fn virtual_node_credential_outlives_its_lifetime_renewed_by_the_sidecar() 
     )
     .await;
     let cp = &running.cp;
-    Api::namespaced(cp.client(), NS)
-        .create(&PostParams::default(), &game_ppm())
-        .await
-        .unwrap();
-    let pods = create_admitted(cp, &game_pod("game-0")).await;
+    let pods = create_game(cp).await;
     let up = wait_for(
         &pods,
         "game-0",
@@ -559,11 +560,7 @@ async fn virtual_node_aci_with_a_lagging_secret_informer_starts_the_sidecar_with
         virtual_node_lagging(agent, Mode::Standalone, &[], Some(lag)).await;
     let proxy = proxy.unwrap();
     let cp = &running.cp;
-    Api::namespaced(cp.client(), NS)
-        .create(&PostParams::default(), &game_ppm())
-        .await
-        .unwrap();
-    let pods = create_admitted(cp, &game_pod("game-0")).await;
+    let pods = create_game(cp).await;
     let started = wait_for(&pods, "game-0", "the sidecar started", |p| {
         container_id(p, SIDECAR).is_some()
     })
