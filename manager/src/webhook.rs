@@ -231,7 +231,6 @@ impl Webhooks {
     }
 }
 
-/// Admit unchanged, with a warning: a bug or a cache problem must not stop pod creation.
 /// The admitted pod's name for a log line: a pod created with `generateName` has none yet at
 /// admission, so its prefix stands in (`game-` becomes `game-*`).
 fn admitted_name(req: &AdmissionRequest<DynamicObject>) -> String {
@@ -244,8 +243,10 @@ fn admitted_name(req: &AdmissionRequest<DynamicObject>) -> String {
         .map_or_else(String::new, |prefix| format!("{prefix}*"))
 }
 
+/// Admit unchanged, with a warning: a bug or a cache problem must not stop pod creation.
 fn internal_error(req: &AdmissionRequest<DynamicObject>, error: &str) -> AdmissionResponse {
-    tracing::error!(uid = %req.uid, name = %req.name, "pod admitted unchanged: {error}");
+    let name = admitted_name(req);
+    tracing::error!(uid = %req.uid, %name, "pod admitted unchanged: {error}");
     let mut r = AdmissionResponse::from(req);
     r.warnings = Some(vec![format!(
         "podprobe-manager admitted the pod unchanged: {error}"
