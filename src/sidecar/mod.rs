@@ -86,8 +86,8 @@ pub async fn run(
     // container before it saw that Secret (an informer that lagged), and copies it no more.
     let hint = options.renew_token_dir.as_ref().map(|_| {
         "; this sidecar's token comes from the Secret podprobe-manager issued for its pod: \
-         a virtual node's provider that started the container before it saw that Secret \
-         left the token volume empty and does not fill it later, so recreate the pod \
+         if its token volume is empty, a virtual node's provider that started the container \
+         before it saw that Secret left it so and does not fill it later: recreate the pod \
          (alert PodProbeSidecarTokenFailing)"
     });
     run_with(options, configure(hint.unwrap_or_default()), shutdown).await
