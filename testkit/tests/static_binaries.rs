@@ -12,15 +12,18 @@ use testkit::real::node::images::{self, Platform};
 
 const EXAMPLE_POD: &str = include_str!("../../examples/game-server-pod.yaml");
 
-/// Both architectures' binaries (`dist/` of each), built under the images' lock.
+/// Both architectures' binaries (`dist/` of each): this machine's under the images' lock, the
+/// other's (cross-compiled, perhaps still building in the background) without it.
 fn binaries() -> [(Platform, PathBuf); 2] {
     let root = images::build_root().unwrap();
-    let _lock = images::lock(&root).unwrap();
-    [Platform::Amd64, Platform::Arm64].map(|platform| {
+    let native = Platform::native().unwrap();
+    let build = |platform: Platform| {
+        let _lock = (platform == native).then(|| images::lock(&root).unwrap());
         let context = images::static_binaries(&root, platform)
             .unwrap_or_else(|e| panic!("{}: {e}", platform.arch()));
         (platform, context.join("dist"))
-    })
+    };
+    [Platform::Amd64, Platform::Arm64].map(build)
 }
 
 struct Elf {

@@ -12,7 +12,10 @@ use super::{Platform, workspace};
 
 /// `hack/build-static.sh ARCH`: the shipped binaries, as the Dockerfile's `binaries` stage
 /// builds them. Returns the directory to pass as that stage (`dist/` inside holds them).
-/// The caller holds the build root's lock.
+/// For this machine's architecture the caller holds the build root's lock. Another
+/// architecture's build has its own target directory and lock (the script's), and may take
+/// long (`hack/setup-tests.sh` builds it in the background at the lowest priority): ask for it
+/// without the build root's lock, so that no node test waits on it.
 pub fn static_binaries(root: &Path, platform: Platform) -> Result<PathBuf, Error> {
     let context = root.join(format!("binaries-{}", platform.arch()));
     let mut command = in_workspace(root, workspace().join("hack/build-static.sh"));
