@@ -3,9 +3,11 @@
 //! when it matters ([`status`]), published as [`PodView`]s.
 
 mod file;
+mod resource_version;
 mod status;
 
 pub use file::{read_annotations_file, watch_file};
+pub use resource_version::ResourceVersion;
 pub use status::{Read, ReadTriggers, StatusReader, StatusReads};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -61,6 +63,10 @@ pub struct PodView {
     pub conditions: Option<Vec<PodCondition>>,
     /// Who wrote the pod's status, from `managedFields` (apiserver source only).
     pub status_writers: Vec<StatusWriter>,
+    /// The pod's `resourceVersion` in this view (apiserver source only): tells a view older
+    /// than the sidecar's own last write from one that shows the pod after it. Not part of
+    /// what makes a view news ([`PodView::differs_from`]).
+    pub resource_version: Option<ResourceVersion>,
 }
 
 /// One field manager of the pod's status subresource, from `managedFields`.
@@ -148,7 +154,38 @@ impl PodView {
                 .flatten()
                 .filter_map(StatusWriter::from_managed_fields)
                 .collect(),
+            resource_version: pod
+                .metadata
+                .resource_version
+                .clone()
+                .map(ResourceVersion::new),
         }
+    }
+
+    /// Whether `other` says something this view does not. The resourceVersion does not count:
+    /// it changes with every write to the pod, most of which (kruise-manager's markers,
+    /// fields the sidecar does not read) change nothing the sidecar acts on.
+    pub fn differs_from(&self, other: &PodView) -> bool {
+        // Destructured so that a field added to the view is not left out by mistake.
+        let PodView {
+            uid,
+            annotation,
+            containers,
+            statuses,
+            pod_ip,
+            terminating,
+            conditions,
+            status_writers,
+            resource_version: _,
+        } = self;
+        *uid != other.uid
+            || *annotation != other.annotation
+            || *containers != other.containers
+            || *statuses != other.statuses
+            || *pod_ip != other.pod_ip
+            || *terminating != other.terminating
+            || *conditions != other.conditions
+            || *status_writers != other.status_writers
     }
 
     /// Reads the downward-API annotations (no spec, no status).
@@ -255,8 +292,9 @@ pub async fn watch_api(
         if !matches!(event, watcher::Event::Init) && failing.answered(&identity.name) {
             answered.notify();
         }
-        let pod = match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => pod,
+        let (pod, relisted) = match event {
+            watcher::Event::Apply(pod) => (pod, false),
+            watcher::Event::InitApply(pod) => (pod, true),
             watcher::Event::Delete(pod) => {
                 if our_uid.is_none() || pod.metadata.uid == our_uid {
                     tracing::info!(pod = %identity.name, "pod deleted; stopping");
@@ -280,13 +318,21 @@ pub async fn watch_api(
             (None, Some(theirs)) => our_uid = Some(theirs.clone()),
             _ => {}
         }
-        let view = PodView::from_pod(&pod);
-        tx.send_if_modified(|current| {
-            let changed = *current != view;
-            *current = view;
-            changed
-        });
+        publish(&tx, PodView::from_pod(&pod), relisted);
     }
+}
+
+/// Makes `view` the current one, and news to the sidecar's loop when it says something new or
+/// comes from a (re)list. A view the loop finds older than the sidecar's own last write is
+/// left for a newer one to settle, and the watch delivers every change in order, so the view
+/// of that write comes as news; a relist after the watch fell behind (410 Gone) can skip it
+/// and show a pod that, but for its resourceVersion, reads as the stale view the loop holds.
+fn publish(tx: &watch::Sender<PodView>, view: PodView, relisted: bool) {
+    tx.send_if_modified(|current| {
+        let changed = relisted || current.differs_from(&view);
+        *current = view;
+        changed
+    });
 }
 
 /// The watch's failures in a row, logged as [`FailureRun`] says.
@@ -330,5 +376,49 @@ mod watch_tests {
         failing.failed("p", &watcher::Error::NoResourceVersion);
         assert!(failing.answered("p"));
         assert!(!failing.answered("p"), "already answered");
+    }
+
+    fn pod(resource_version: &str, conditions: &[&str]) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.resource_version = Some(resource_version.into());
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            conditions: Some(
+                conditions
+                    .iter()
+                    .map(|c| PodCondition {
+                        type_: (*c).into(),
+                        status: "True".into(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        pod
+    }
+
+    #[test]
+    fn a_new_resource_version_alone_is_no_news_unless_relisted() {
+        let (tx, mut rx) = watch::channel(PodView::default());
+        publish(&tx, PodView::from_pod(&pod("10", &["a"])), false);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+
+        // A write to the pod that changes nothing the view holds: no news, but the view kept
+        // is the newest, version included.
+        publish(&tx, PodView::from_pod(&pod("11", &["a"])), false);
+        assert!(!rx.has_changed().unwrap());
+        assert_eq!(
+            rx.borrow().resource_version,
+            Some(ResourceVersion::new("11"))
+        );
+
+        // A relist may have skipped changes in between: news whatever it shows.
+        publish(&tx, PodView::from_pod(&pod("15", &["a"])), true);
+        assert!(rx.has_changed().unwrap());
+        rx.mark_unchanged();
+
+        publish(&tx, PodView::from_pod(&pod("16", &[])), false);
+        assert!(rx.has_changed().unwrap(), "the condition is gone");
     }
 }

@@ -131,10 +131,12 @@ impl StatusReader {
         tracing::debug!(?outcome, "read the pod's status");
         self.tx.send_if_modified(|current| {
             let merged = PodView {
-                // The file's: the annotation, and no conditions (see the module's comment).
+                // The file's: the annotation, and no conditions (see the module's comment),
+                // so nor the version they would be judged against.
                 annotation: current.annotation.clone(),
                 conditions: None,
                 status_writers: Vec::new(),
+                resource_version: None,
                 ..read
             };
             let changed = *current != merged;

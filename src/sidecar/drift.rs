@@ -10,10 +10,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::PodCondition;
 use tokio::time::Instant;
 
-use super::repair::{RepairPolicy, Repairs, Seen};
+use super::repair::{self, RepairPolicy, Repairs, Seen};
 use crate::condition::writer::WriteProgress;
 use crate::condition::{ConditionBook, FIELD_MANAGER};
-use crate::pod::StatusWriter;
+use crate::pod::{ResourceVersion, StatusWriter};
 
 /// An overwrite found in a view.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,8 @@ pub struct Drift {
     /// Whether views show the pod's conditions (the apiserver source), so overwrites can be seen.
     sees_conditions: bool,
     status_writers: Vec<StatusWriter>,
+    /// The resourceVersion of the pod as last seen with its conditions.
+    version: Option<ResourceVersion>,
     /// Each overwritten condition not yet seen back, and up to when its absence is counted.
     absent: HashMap<String, Instant>,
     /// Absence counted since the last [`Drift::take_absent`].
@@ -47,23 +49,26 @@ impl Drift {
             repairs: Repairs::new(policy),
             sees_conditions: false,
             status_writers: Vec::new(),
+            version: None,
             absent: HashMap::new(),
             absent_time: Vec::new(),
         }
     }
 
-    /// A view of the pod: its conditions (`None` when the source does not show them) and who
-    /// wrote its status.
+    /// A view of the pod: its conditions (`None` when the source does not show them), who
+    /// wrote its status, and its resourceVersion.
     pub fn view(
         &mut self,
         conditions: Option<&[PodCondition]>,
         writers: &[StatusWriter],
+        version: Option<&ResourceVersion>,
         book: &mut ConditionBook,
     ) {
         if let Some(conditions) = conditions {
             book.observe(conditions);
             self.sees_conditions = true;
             self.status_writers = writers.to_vec();
+            self.version = version.cloned();
         }
     }
 
@@ -122,7 +127,10 @@ impl Drift {
             Some(_) => Seen::Drifted,
             None => Seen::Published,
         };
-        let overwrite = self.repairs.observe(condition_type, seen, writing, now)?;
+        let view = self.version.as_ref();
+        let overwrite = self
+            .repairs
+            .observe(condition_type, seen, view, &writing, now)?;
         let who = match changed_by(&self.status_writers, condition_type) {
             Some(manager) => format!("another writer ({manager})"),
             None => "another writer (managedFields do not say which)".to_owned(),
@@ -136,10 +144,11 @@ impl Drift {
     }
 
     /// What is due at `now`: the conditions to write back (none whose write is already on
-    /// its way), and what rechecks of the latest view found. A write-back carries every other
-    /// of `owned` that is drifted too: the overwrite that took one usually took the pod's
-    /// other conditions as well (a provider replaces the whole status), and one patch costs
-    /// less than each waiting for its own, maybe backed-off, repair.
+    /// its way, none written since the view that showed them overwritten), and what rechecks
+    /// of the latest view found. A write-back carries every other of `owned` that the latest
+    /// view shows overwritten too: the overwrite that took one usually took the pod's other
+    /// conditions as well (a provider replaces the whole status), and one patch costs less
+    /// than each waiting for its own, maybe backed-off, repair.
     pub fn due(
         &mut self,
         owned: &[String],
@@ -147,11 +156,19 @@ impl Drift {
         writing: impl Fn(&str) -> WriteProgress,
         now: Instant,
     ) -> (Vec<PodCondition>, Vec<Found>) {
+        let version = self.version.as_ref();
         let (mut repair, recheck) = self.repairs.take_due(now);
+        // A write of ours that landed after the view showing the overwrite (a new result) put
+        // the condition back already.
+        repair.retain(|condition_type| !repair::predates(version, &writing(condition_type)));
         if !repair.is_empty() {
             for other in owned {
-                if !repair.contains(other) && book.drifted(other).is_some() {
-                    self.repairs.ride_along(other, now);
+                if !repair.contains(other)
+                    && book.drifted(other).is_some()
+                    && self
+                        .repairs
+                        .ride_along(other, version, &writing(other), now)
+                {
                     repair.push(other.clone());
                 }
             }
@@ -186,6 +203,7 @@ impl Drift {
     pub fn stop(&mut self) {
         self.repairs = Repairs::new(self.policy);
         self.sees_conditions = false;
+        self.version = None;
         self.absent.clear();
     }
 

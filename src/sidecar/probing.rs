@@ -155,6 +155,7 @@ impl Sidecar {
         self.drift.view(
             view.conditions.as_deref(),
             &view.status_writers,
+            view.resource_version.as_ref(),
             &mut self.book,
         );
         let runner = self.runner(view);

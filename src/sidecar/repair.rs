@@ -4,20 +4,29 @@
 //! virtual-kubelet providers and syncers replace the whole pod status (`UpdateStatus`), which
 //! drops podprobe's conditions; to kruise-manager a missing condition means a missing or stale
 //! marker. Each owned condition is compared with every pod view. A view can predate podprobe's
-//! own last write (the watch delivers in order, but the write's answer can arrive before the
-//! events preceding it). Once a view has shown the published condition after the write was
-//! queued, every later view is newer than the write; until then a mismatch counts only after
-//! [`CONFIRM_GRACE`]. A mismatch seen while a write is on its way is looked at again
-//! [`RECHECK`] later. How soon an overwrite is written back is the [`RepairPolicy`]'s choice.
+//! own last write: the watch delivers in order, but the write's answer can arrive before the
+//! events preceding it, and a watch on a loaded apiserver lags by seconds. The answer carries
+//! the pod's resourceVersion after the write; a view at an older version cannot show the
+//! write, so its mismatch is no overwrite and nothing is scheduled for it (the view of the
+//! write follows, and is judged when it comes); a mismatch in a view at that version or later
+//! is another writer's. Versions are ordered only when both are etcd revisions
+//! ([`ResourceVersion::order`]); when they are not, once a view has shown the published
+//! condition after the write was queued, every later view is newer than the write, and until
+//! then a mismatch counts only after [`CONFIRM_GRACE`]. A mismatch seen while a write is on its
+//! way is looked at again [`RECHECK`] later. How soon an overwrite is written back is the
+//! [`RepairPolicy`]'s choice.
 
+use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::condition::writer::WriteProgress;
+use crate::pod::ResourceVersion;
 
-/// How long a mismatching view may be one written before podprobe's own last write.
+/// How long a mismatching view may be one written before podprobe's own last write, where
+/// resourceVersions cannot tell.
 pub const CONFIRM_GRACE: Duration = Duration::from_secs(5);
 /// When a mismatch seen while podprobe's own write is on its way is looked at again.
 pub const RECHECK: Duration = Duration::from_secs(1);
@@ -74,6 +83,17 @@ pub struct Overwrite {
     pub repair_at: Instant,
 }
 
+/// What a view that shows a condition drifted says of podprobe's own last write of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Another writer changed it after that write (or it was never written here).
+    Overwritten,
+    /// The view is older than the write, so cannot show it.
+    Predates,
+    /// The versions do not tell, and the write is not confirmed yet: look again then.
+    Unsure { until: Instant },
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Due {
     /// Look again at the latest view (a mismatch was held back as possibly stale).
@@ -94,6 +114,47 @@ struct Track {
     due: Option<(Instant, Due)>,
 }
 
+impl Track {
+    /// Judges a view at `view` that shows the condition drifted.
+    fn judge(
+        &self,
+        view: Option<&ResourceVersion>,
+        writing: &WriteProgress,
+        now: Instant,
+    ) -> Verdict {
+        let Some(written_at) = writing.written_at else {
+            return Verdict::Overwritten;
+        };
+        match order(view, writing) {
+            Some(Ordering::Less) => Verdict::Predates,
+            // A view at the write's version is that write; a mismatch in it or a later one is
+            // someone else's.
+            Some(Ordering::Equal | Ordering::Greater) => Verdict::Overwritten,
+            None => {
+                let confirmed = self.published_seen >= writing.queued_at;
+                let until = written_at + CONFIRM_GRACE;
+                if confirmed || now >= until {
+                    Verdict::Overwritten
+                } else {
+                    Verdict::Unsure { until }
+                }
+            }
+        }
+    }
+}
+
+/// How a view at `view` stands against podprobe's last accepted write, where both versions
+/// are known and ordered.
+fn order(view: Option<&ResourceVersion>, writing: &WriteProgress) -> Option<Ordering> {
+    view?.order(writing.written_rv.as_ref()?)
+}
+
+/// Whether a view at `view` is older than podprobe's last accepted write: what it shows of the
+/// condition says nothing of that write.
+pub fn predates(view: Option<&ResourceVersion>, writing: &WriteProgress) -> bool {
+    order(view, writing) == Some(Ordering::Less)
+}
+
 /// Per owned condition type: confirmation of podprobe's writes, overwrite streaks, repairs due.
 #[derive(Debug, Default)]
 pub struct Repairs {
@@ -109,13 +170,14 @@ impl Repairs {
         }
     }
 
-    /// Takes in what a view (or a recheck of the latest one) shows of `condition_type`;
-    /// returns the overwrite it reveals, if it reveals one.
+    /// Takes in what a view at `view` (or a recheck of the latest one) shows of
+    /// `condition_type`; returns the overwrite it reveals, if it reveals one.
     pub fn observe(
         &mut self,
         condition_type: &str,
         seen: Seen,
-        writing: WriteProgress,
+        view: Option<&ResourceVersion>,
+        writing: &WriteProgress,
         now: Instant,
     ) -> Option<Overwrite> {
         let track = self.by_type.entry(condition_type.to_owned()).or_default();
@@ -131,13 +193,18 @@ impl Repairs {
         if matches!(track.due, Some((_, Due::Repair))) {
             return None;
         }
-        let confirmed = track.published_seen >= writing.queued_at;
-        if let Some(written_at) = writing.written_at
-            && !confirmed
-            && now < written_at + CONFIRM_GRACE
-        {
-            track.due = Some((written_at + CONFIRM_GRACE, Due::Recheck));
-            return None;
+        match track.judge(view, writing, now) {
+            Verdict::Overwritten => {}
+            Verdict::Predates => {
+                // Not even a recheck: the view of the write is news to the loop when it comes,
+                // and is judged then, however long the watch takes.
+                track.due = None;
+                return None;
+            }
+            Verdict::Unsure { until } => {
+                track.due = Some((until, Due::Recheck));
+                return None;
+            }
         }
         // Measured from the last repair, not the last overwrite, so a streak survives waits
         // longer than QUIET.
@@ -167,14 +234,26 @@ impl Repairs {
         })
     }
 
-    /// `condition_type` goes out with another condition's write-back: the same overwrite took
-    /// it, and one patch carries both. Its own repair, if one is scheduled, is done by that.
-    pub fn ride_along(&mut self, condition_type: &str, now: Instant) {
+    /// Whether `condition_type`, drifted in the view at `view` too, goes out with another
+    /// condition's write-back: it does when [`Repairs::observe`] would judge it overwritten
+    /// (the overwrite that took one usually took it as well), and one patch carries both. Its
+    /// own repair, if one is scheduled, is done by that.
+    pub fn ride_along(
+        &mut self,
+        condition_type: &str,
+        view: Option<&ResourceVersion>,
+        writing: &WriteProgress,
+        now: Instant,
+    ) -> bool {
         let track = self.by_type.entry(condition_type.to_owned()).or_default();
+        if track.judge(view, writing, now) != Verdict::Overwritten {
+            return false;
+        }
         if matches!(track.due, Some((_, Due::Repair))) {
             track.due = None;
         }
         track.last_repair = Some(now);
+        true
     }
 
     /// The probe writing `condition_type` has a new result (its first one included).
@@ -223,208 +302,4 @@ fn delay(streak: u32) -> Duration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const C: &str = "game.kruise.io/idle";
-
-    fn idle(written_at: Option<Instant>) -> WriteProgress {
-        WriteProgress {
-            busy: false,
-            queued_at: written_at,
-            written_at,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_condition_never_written_here_is_repaired_at_once() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let now = Instant::now();
-        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        assert_eq!(found.streak, 1);
-        assert_eq!(found.repair_at, now);
-        assert_eq!(repairs.take_due(now), (vec![C.to_owned()], vec![]));
-        assert_eq!(repairs.next_due(), None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_view_from_before_our_write_waits_for_confirmation() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let written = Instant::now();
-        // A stale view right after our write: not an overwrite, only a recheck later.
-        assert_eq!(
-            repairs.observe(C, Seen::Drifted, idle(Some(written)), written),
-            None
-        );
-        assert_eq!(repairs.next_due(), Some(written + CONFIRM_GRACE));
-        // The view of our own write confirms it and cancels the recheck.
-        assert_eq!(
-            repairs.observe(C, Seen::Published, idle(Some(written)), written),
-            None
-        );
-        assert_eq!(repairs.next_due(), None);
-        // From then on a mismatch is an overwrite, even within the grace.
-        let found = repairs
-            .observe(C, Seen::Drifted, idle(Some(written)), written)
-            .unwrap();
-        assert_eq!(found.streak, 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_view_of_our_write_may_come_before_its_answer() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let queued = Instant::now();
-        let on_the_wire = WriteProgress {
-            busy: true,
-            queued_at: Some(queued),
-            written_at: None,
-        };
-        // The watch shows our write while the patch's answer is still on its way...
-        repairs.observe(C, Seen::Published, on_the_wire, queued);
-        // ...so a mismatch after the answer is news at once.
-        let answered = queued + Duration::from_millis(10);
-        let writing = WriteProgress {
-            busy: false,
-            queued_at: Some(queued),
-            written_at: Some(answered),
-        };
-        let found = repairs
-            .observe(C, Seen::Drifted, writing, answered)
-            .unwrap();
-        assert_eq!(found.repair_at, answered);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_mismatch_seen_while_our_write_is_on_its_way_is_looked_at_again() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let now = Instant::now();
-        let busy = WriteProgress {
-            busy: true,
-            queued_at: Some(now),
-            written_at: None,
-        };
-        assert_eq!(repairs.observe(C, Seen::Drifted, busy, now), None);
-        assert_eq!(repairs.next_due(), Some(now + RECHECK));
-        assert_eq!(
-            repairs.take_due(now + RECHECK),
-            (vec![], vec![C.to_owned()])
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_unconfirmed_write_counts_as_overwritten_after_the_grace() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let written = Instant::now();
-        assert_eq!(
-            repairs.observe(C, Seen::Drifted, idle(Some(written)), written),
-            None
-        );
-        let later = written + CONFIRM_GRACE;
-        assert_eq!(repairs.take_due(later), (vec![], vec![C.to_owned()]));
-        assert!(
-            repairs
-                .observe(C, Seen::Drifted, idle(Some(written)), later)
-                .is_some()
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn repeated_overwrites_back_off_and_a_quiet_minute_resets() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let mut now = Instant::now();
-        let mut waits = Vec::new();
-        for _ in 0..12 {
-            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-            waits.push(found.repair_at.duration_since(now).as_secs());
-            now = found.repair_at;
-            assert_eq!(repairs.take_due(now).0, vec![C.to_owned()]);
-        }
-        assert_eq!(waits, [0, 1, 2, 4, 8, 16, 32, 60, 60, 60, 60, 60]);
-        // Already scheduled: a second look at the same mismatch is not a new overwrite.
-        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        assert_eq!(repairs.observe(C, Seen::Drifted, idle(None), now), None);
-        assert_eq!(repairs.take_due(found.repair_at).0, vec![C.to_owned()]);
-        let quiet = found.repair_at + QUIET;
-        let found = repairs
-            .observe(C, Seen::Drifted, idle(None), quiet)
-            .unwrap();
-        assert_eq!((found.streak, found.repair_at), (1, quiet));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn immediate_repairs_every_overwrite_at_most_once_a_second() {
-        let mut repairs = Repairs::new(RepairPolicy::Immediate);
-        let start = Instant::now();
-        let mut now = start;
-        let mut waits = Vec::new();
-        // A 5 s replacer: each repair is undone at the next sync, streaks never reset.
-        for _ in 0..20 {
-            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-            waits.push(found.repair_at.duration_since(now));
-            assert_eq!(repairs.take_due(found.repair_at).0, vec![C.to_owned()]);
-            now = found.repair_at + Duration::from_secs(5);
-        }
-        assert!(waits.iter().all(|w| w.is_zero()), "{waits:?}");
-        // A writer that undoes each repair within 100 ms: one write a second, no faster.
-        let mut repaired = Vec::new();
-        for _ in 0..5 {
-            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-            repaired.push(found.repair_at);
-            repairs.take_due(found.repair_at);
-            now = found.repair_at + Duration::from_millis(100);
-        }
-        for pair in repaired.windows(2) {
-            assert_eq!(pair[1] - pair[0], MIN_SPACING);
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn after_a_change_every_overwrite_is_written_back_at_once_then_backed_off() {
-        let mut repairs = Repairs::new(RepairPolicy::AfterChange);
-        let start = Instant::now();
-        repairs.changed(C, start);
-        let mut now = start;
-        let mut waits = Vec::new();
-        // A 5 s replacer for a minute after the change.
-        while now < start + Duration::from_secs(60) {
-            let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-            waits.push(found.repair_at.duration_since(now).as_secs());
-            assert_eq!(repairs.take_due(found.repair_at).0, vec![C.to_owned()]);
-            now = found.repair_at + Duration::from_secs(5);
-        }
-        // At once while the change is recent (0 … 25 s), backed off from 30 s on.
-        assert_eq!(waits[..6], [0, 0, 0, 0, 0, 0]);
-        assert!(waits[6] > 0, "{waits:?}");
-        // A new result: at once again.
-        repairs.changed(C, now);
-        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        assert_eq!(found.repair_at, now);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_condition_written_along_with_another_needs_no_repair_of_its_own() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let now = Instant::now();
-        repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        repairs.take_due(now);
-        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        assert!(found.repair_at > now);
-        repairs.ride_along(C, now);
-        assert_eq!(repairs.next_due(), None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_restored_condition_cancels_the_repair() {
-        let mut repairs = Repairs::new(RepairPolicy::Backoff);
-        let now = Instant::now();
-        let later = now + Duration::from_secs(1);
-        repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        repairs.take_due(now);
-        let found = repairs.observe(C, Seen::Drifted, idle(None), now).unwrap();
-        assert_eq!(found.repair_at, later);
-        repairs.observe(C, Seen::Published, idle(None), now);
-        assert_eq!(repairs.next_due(), None);
-        repairs.forget(C);
-        assert!(repairs.by_type.is_empty());
-    }
-}
+mod tests;

@@ -24,6 +24,7 @@ mod state;
 use super::{FIELD_MANAGER, status_patch};
 use crate::failures::{FailureRun, Loudness};
 use crate::metrics::Metrics;
+use crate::pod::ResourceVersion;
 use failure::{code_of, explain};
 use podprobe_ops::backoff::{Backoff, Failure, Policy};
 use podprobe_protocol::uid_guard::refused_by_uid_guard;
@@ -109,7 +110,7 @@ impl serde::Serialize for ConditionWrite {
 }
 
 /// What the writer is doing with one condition type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WriteProgress {
     /// A write is pending, parked or on the wire: it will set the condition anyway.
     pub busy: bool,
@@ -117,6 +118,9 @@ pub struct WriteProgress {
     pub queued_at: Option<Instant>,
     /// When the apiserver last accepted a write of it (`None`: never).
     pub written_at: Option<Instant>,
+    /// The pod's resourceVersion in the answer to that write (`None`: never written, or the
+    /// answer carried none): a view of the pod at an older version cannot show the write.
+    pub written_rv: Option<ResourceVersion>,
 }
 
 #[derive(Debug, Default)]
@@ -197,14 +201,7 @@ impl ConditionWriter {
 
     /// What the writer is doing with `condition_type`, read under one lock.
     pub fn progress(&self, condition_type: &str) -> WriteProgress {
-        let state = self.lock();
-        WriteProgress {
-            busy: state.pending.contains_key(condition_type)
-                || state.parked.contains_key(condition_type)
-                || state.in_flight.contains(condition_type),
-            queued_at: state.queued_at.get(condition_type).copied(),
-            written_at: state.written_at.get(condition_type).copied(),
-        }
+        self.lock().progress(condition_type)
     }
 
     /// Waits until everything submitted is written, at most `limit`. Returns whether it was.
@@ -302,7 +299,7 @@ impl WriteLoop {
                 .patch_status(&self.name, &params, &Patch::Strategic(&patch))
                 .await;
             match result {
-                Ok(_) => self.accepted(&batch),
+                Ok(pod) => self.accepted(&batch, pod.metadata.resource_version),
                 Err(kube::Error::Api(status))
                     if batch[0].is_delete()
                         && (status.code == 403
@@ -348,7 +345,7 @@ impl WriteLoop {
         Next::Write
     }
 
-    fn accepted(&mut self, batch: &[ConditionWrite]) {
+    fn accepted(&mut self, batch: &[ConditionWrite], version: Option<String>) {
         self.metrics.write_ok();
         let types: Vec<&str> = batch.iter().map(ConditionWrite::condition_type).collect();
         if let Some((attempts, over)) = self.failing.succeeded() {
@@ -357,7 +354,7 @@ impl WriteLoop {
         }
         tracing::debug!(pod = %self.name, conditions = ?types, "conditions written");
         let mut state = lock(&self.shared);
-        state.landed(batch);
+        state.landed(batch, version.map(ResourceVersion::new));
         if state.parked.is_empty() {
             self.backoff.reset();
         }

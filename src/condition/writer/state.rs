@@ -5,9 +5,19 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::time::Instant;
 
-use super::ConditionWrite;
+use super::{ConditionWrite, WriteProgress};
+use crate::pod::ResourceVersion;
 
 pub(super) type Writes = BTreeMap<String, ConditionWrite>;
+
+/// An accepted patch, as the writer remembers it for each condition type it carried.
+#[derive(Debug, Clone)]
+pub(super) struct Landed {
+    /// When its answer came back.
+    pub(super) at: Instant,
+    /// The pod's resourceVersion in the answer: the first version that shows the write.
+    pub(super) version: Option<ResourceVersion>,
+}
 
 #[derive(Debug, Default)]
 pub(super) struct State {
@@ -20,8 +30,8 @@ pub(super) struct State {
     pub(super) in_flight: BTreeSet<String>,
     /// When the last write of each type was queued.
     pub(super) queued_at: BTreeMap<String, Instant>,
-    /// When the last accepted patch of each type came back.
-    pub(super) written_at: BTreeMap<String, Instant>,
+    /// The last accepted patch of each type.
+    pub(super) written: BTreeMap<String, Landed>,
     /// A write-back is pending: the next patch goes without the coalescing window.
     pub(super) urgent: bool,
 }
@@ -60,13 +70,32 @@ impl State {
         self.pending.insert(kind, write);
     }
 
-    pub(super) fn landed(&mut self, batch: &[ConditionWrite]) {
-        let now = Instant::now();
+    /// `batch` was accepted; `version` is the pod's resourceVersion in the answer. An answer
+    /// without one replaces the version of an earlier write too: that one would date views
+    /// against the wrong write.
+    pub(super) fn landed(&mut self, batch: &[ConditionWrite], version: Option<ResourceVersion>) {
+        let landed = Landed {
+            at: Instant::now(),
+            version,
+        };
         for write in batch {
-            self.written_at
-                .insert(write.condition_type().to_owned(), now);
+            self.written
+                .insert(write.condition_type().to_owned(), landed.clone());
         }
         self.in_flight.clear();
+    }
+
+    /// What the writer is doing with `condition_type`.
+    pub(super) fn progress(&self, condition_type: &str) -> WriteProgress {
+        let written = self.written.get(condition_type);
+        WriteProgress {
+            busy: self.pending.contains_key(condition_type)
+                || self.parked.contains_key(condition_type)
+                || self.in_flight.contains(condition_type),
+            queued_at: self.queued_at.get(condition_type).copied(),
+            written_at: written.map(|w| w.at),
+            written_rv: written.and_then(|w| w.version.clone()),
+        }
     }
 
     /// Sets a refused batch aside; anything pending was submitted after it and wins over it.

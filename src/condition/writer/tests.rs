@@ -210,3 +210,25 @@ fn deletes_are_strategic_merge_directives_in_the_same_list() {
         ])
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_accepted_write_is_dated_by_the_version_its_answer_gave_the_pod() {
+    let rv = |v: &str| Some(ResourceVersion::new(v));
+    let mut state = State::default();
+    state.queue(set("a", "m"));
+    state.queue(set("b", "m"));
+    let batch = state.take_batch(false);
+    assert!(state.progress("a").busy);
+    state.landed(&batch, rv("12"));
+    let a = state.progress("a");
+    assert!(!a.busy);
+    assert_eq!(a.written_at, Some(Instant::now()));
+    assert_eq!(a.written_rv, rv("12"));
+
+    // An answer without a version: "a" is no longer dated by the earlier one.
+    state.queue(set("a", "n"));
+    let batch = state.take_batch(false);
+    state.landed(&batch, None);
+    assert_eq!(state.progress("a").written_rv, None);
+    assert_eq!(state.progress("b").written_rv, rv("12"));
+}
