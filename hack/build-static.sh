@@ -93,7 +93,10 @@ inputs_key() { # the binary's own source directories
     echo "$target $cc ${RUSTFLAGS:-} ${CARGO_ENCODED_RUSTFLAGS:-}"
     {
       find hack/build-static.sh Cargo.lock protocol ops "$@" -type f
-      find . -name Cargo.toml -not -path './target/*' -not -path './.git/*'
+      # Pruned, not filtered: a target directory's contents change while builds run beside
+      # this one (the other architecture's in the background), and find fails on an entry
+      # that vanished under it.
+      find . \( -name target -o -name .git \) -prune -o -name Cargo.toml -type f -print
     } | LC_ALL=C sort | xargs -r sha256sum
   } | sha256sum | cut -c1-32
 }

@@ -31,9 +31,10 @@ static_toolchains() {
 }
 
 # What testkit::real::node::images builds before the node, static-binaries and release tests
-# (testkit/src/real/node/images/cargo.rs: the same commands, target directory and outputs, under
-# the same lock), built here so that no test waits minutes on that lock: hack/build-static.sh
-# for both architectures and the native test game server. cargo makes it a no-op when current.
+# (testkit/src/real/node/images/cargo.rs: the same commands, target directories and outputs,
+# under the same locks), built here so that no test waits minutes for them: hack/build-static.sh
+# for this machine's architecture and the native test game server in the foreground, the other
+# architecture in the background (below). cargo makes each a no-op when current.
 timed() { # label, command...: runs it, then prints its wall time under the step
   local label="$1" t0=$SECONDS
   shift
@@ -97,19 +98,24 @@ cross_binaries_in_background() {
     as_in_workspace "$root"
     export PODPROBE_STATIC_LOCK_FD=7
     exec 7>"$root/cargo/cross-$arch/build-static-$arch.lock"
-    flock 7
+    # An earlier run's build still going (its own session: Ctrl-C and a failed run leave it)
+    # goes on; the tests wait for it as they would for this one.
+    if ! flock -n 7; then
+      echo "   $arch static binaries: an earlier build is still running ($root/other-arch.log)"
+      exit 0
+    fi
     setsid bash -c '
       status_file="$1"
       shift
       echo 19 >/proc/self/autogroup 2>/dev/null || true
       start=$(date +%s) status=0
-      nice -n 19 ionice -c 3 "$@" || status=$?
+      nice -n 19 ionice -c 3 -t "$@" || status=$?
       printf "exit %d after %d s, at %s\n" "$status" "$(($(date +%s) - start))" "$(date -u +%FT%TZ)" >"$status_file"
     ' cross-build "$root/other-arch.status" \
       hack/build-static.sh "$arch" "$root/binaries-$arch/dist" --plugin \
       </dev/null >"$root/other-arch.log" 2>&1 &
+    echo "   $arch static binaries: building in the background at the lowest priority ($root/other-arch.log)"
   )
-  echo "   $arch static binaries: building in the background at the lowest priority ($root/other-arch.log)"
 }
 
 # kube-apiserver, etcd, kubectl, kubelet, helm, kruise-manager, krew from the pinned Go modules

@@ -19,15 +19,18 @@ use super::{Platform, workspace};
 pub fn static_binaries(root: &Path, platform: Platform) -> Result<PathBuf, Error> {
     let context = root.join(format!("binaries-{}", platform.arch()));
     let mut command = in_workspace(root, workspace().join("hack/build-static.sh"));
+    // --plugin, as hack/setup-tests.sh and hack/release.sh build: one build serves all three.
     let status = command
         .arg(platform.arch())
         .arg(context.join("dist"))
+        .arg("--plugin")
         .status()?;
     if !status.success() {
         return Err(Error::Other(format!(
-            "hack/build-static.sh {} failed ({status}); `hack/build-static.sh --toolchain {}` installs what it needs",
-            platform.arch(),
-            platform.arch()
+            "hack/build-static.sh {arch} failed ({status}); `hack/build-static.sh --toolchain {arch}` \
+             installs what it needs; a build hack/setup-tests.sh ran in the background logged to {}",
+            root.join("other-arch.log").display(),
+            arch = platform.arch(),
         )));
     }
     Ok(context)
