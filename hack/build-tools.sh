@@ -141,15 +141,25 @@ tree_krew() {
 # The trees in build order (k8s first: its kubectl renders the others' manifests).
 trees=(k8s kruise k8s-oldest kruise-game krew)
 
-# A tree's key: its module's files (following hack/k8s/vkcri into k8s-oldest) and the shell
-# code that builds it, with the versions and flags that code reads.
+# A tree's key: its module's files (following hack/k8s/vkcri into k8s-oldest), the shell code
+# that builds it with the versions that code reads, the Go toolchain that compiles it in that
+# module, and for a tree whose manifests the k8s tree's kubectl renders, the k8s tree's key.
+go_version="$(cd "$hack/k8s" && go env GOVERSION 2>/dev/null || echo "no go")"
 tree_key() { # tree
-  local fn="tree_${1//-/_}"
+  local fn="tree_${1//-/_}" reads
+  case "$1" in
+    k8s) reads="$k8s_version $helm_ldflags" ;;
+    k8s-oldest) reads="$oldest_version ${keys[k8s]}" ;;
+    kruise | kruise-game) reads="${keys[k8s]}" ;;
+    *) reads="" ;;
+  esac
   {
     (cd "$hack/$1" && find -L . \( -name go.mod -o -name go.sum -o -name '*.go' \) -type f -print |
       LC_ALL=C sort | xargs cat)
-    declare -f "$fn" build kruise_manifests k8s_ldflags
-    echo "$k8s_version $oldest_version $helm_version $helm_ldflags $(go env GOVERSION 2>/dev/null)"
+    declare -f "$fn" build
+    case "$1" in k8s | k8s-oldest) declare -f k8s_ldflags ;; esac
+    case "$1" in kruise | k8s-oldest | kruise-game) declare -f kruise_manifests ;; esac
+    echo "$reads $go_version"
   } | sha256sum | cut -c1-16
 }
 
