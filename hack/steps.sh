@@ -21,10 +21,13 @@ cpu_jiffies() {
   awk '/^cpu / { total = 0; for (i = 2; i <= NF; i++) total += $i; print total - $5 - $6, total }' /proc/stat
 }
 
+# The cores /proc/stat counts: all of the machine's, which nproc need not be (an affinity mask).
+stat_cores() { grep -c '^cpu[0-9]' /proc/stat; }
+
 # Cores busy on average between two cpu_jiffies readings.
 cores_busy() { # "BUSY TOTAL" before, "BUSY TOTAL" after
   local before=($1) after=($2) cores
-  cores="$(nproc)"
+  cores="$(stat_cores)"
   awk -v b="$((after[0] - before[0]))" -v t="$((after[1] - before[1]))" -v n="$cores" \
     'BEGIN { if (t > 0) printf "%.2f", n * b / t; else printf "-" }'
 }
@@ -39,7 +42,7 @@ step() {
   steps_names+=("$name")
   steps_seconds+=($((SECONDS - start)))
   steps_busy+=("$busy")
-  echo "-- $name: $((SECONDS - start)) s, $busy of $(nproc) cores busy"
+  echo "-- $name: $((SECONDS - start)) s, $busy of $(stat_cores) cores busy"
   if [ "$status" -ne 0 ]; then
     echo "step '$name' failed (exit $status)" >&2
     steps_report "up to the failed step"
@@ -49,7 +52,7 @@ step() {
 
 steps_report() {
   local i
-  echo "== time per step ($1; cores busy of $(nproc))"
+  echo "== time per step ($1; cores busy of $(stat_cores))"
   for i in "${!steps_names[@]}"; do
     printf '   %-40s %6d s  %5s\n' "${steps_names[$i]}" "${steps_seconds[$i]}" "${steps_busy[$i]}"
   done
