@@ -110,7 +110,11 @@ cross_binaries_in_background() {
       echo 19 >/proc/self/autogroup 2>/dev/null || true
       start=$(date +%s) status=0
       nice -n 19 ionice -c 3 -t "$@" || status=$?
-      printf "exit %d after %d s, at %s\n" "$status" "$(($(date +%s) - start))" "$(date -u +%FT%TZ)" >"$status_file"
+      times >"$status_file.times" # in this shell, not a subshell: its second line is the build'"'"'s CPU
+      cpu="$(tail -n 1 "$status_file.times" | sed "s/ / user, /; s/$/ system/")"
+      rm -f "$status_file.times"
+      printf "exit %d after %d s (CPU %s), at %s\n" "$status" "$(($(date +%s) - start))" "$cpu" \
+        "$(date -u +%FT%TZ)" >"$status_file"
     ' cross-build "$root/other-arch.status" \
       hack/build-static.sh "$arch" "$root/binaries-$arch/dist" --plugin \
       </dev/null >"$root/other-arch.log" 2>&1 &
