@@ -19,6 +19,15 @@ fn written(at: Instant, version: &str) -> WriteProgress {
     }
 }
 
+/// A write queued at `queued` and not answered yet.
+fn on_the_wire(queued: Instant) -> WriteProgress {
+    WriteProgress {
+        busy: true,
+        queued_at: Some(queued),
+        ..WriteProgress::default()
+    }
+}
+
 fn rv(version: &str) -> Option<ResourceVersion> {
     Some(ResourceVersion::new(version))
 }
@@ -63,21 +72,13 @@ async fn a_view_from_before_our_write_waits_for_confirmation() {
 async fn the_view_of_our_write_may_come_before_its_answer() {
     let mut repairs = Repairs::new(RepairPolicy::Backoff);
     let queued = Instant::now();
-    let on_the_wire = WriteProgress {
-        busy: true,
-        queued_at: Some(queued),
-        written_at: None,
-        written_rv: None,
-    };
     // The watch shows our write while the patch's answer is still on its way...
-    repairs.observe(C, Seen::Published, None, &on_the_wire, queued);
+    repairs.observe(C, Seen::Published, None, &on_the_wire(queued), queued);
     // ...so a mismatch after the answer is news at once.
     let answered = queued + Duration::from_millis(10);
     let writing = WriteProgress {
-        busy: false,
-        queued_at: Some(queued),
         written_at: Some(answered),
-        written_rv: None,
+        ..idle(Some(queued))
     };
     let found = repairs
         .observe(C, Seen::Drifted, None, &writing, answered)
@@ -89,12 +90,7 @@ async fn the_view_of_our_write_may_come_before_its_answer() {
 async fn a_mismatch_seen_while_our_write_is_on_its_way_is_looked_at_again() {
     let mut repairs = Repairs::new(RepairPolicy::Backoff);
     let now = Instant::now();
-    let busy = WriteProgress {
-        busy: true,
-        queued_at: Some(now),
-        written_at: None,
-        written_rv: None,
-    };
+    let busy = on_the_wire(now);
     assert_eq!(repairs.observe(C, Seen::Drifted, None, &busy, now), None);
     assert_eq!(repairs.next_due(), Some(now + RECHECK));
     assert_eq!(
@@ -177,13 +173,14 @@ async fn a_recheck_that_finds_the_view_still_older_than_our_write_schedules_noth
     let mut repairs = Repairs::new(RepairPolicy::AfterChange);
     let queued = Instant::now();
     repairs.changed(C, queued);
-    let on_the_wire = WriteProgress {
-        busy: true,
-        queued_at: Some(queued),
-        ..WriteProgress::default()
-    };
     assert_eq!(
-        repairs.observe(C, Seen::Drifted, rv("11").as_ref(), &on_the_wire, queued),
+        repairs.observe(
+            C,
+            Seen::Drifted,
+            rv("11").as_ref(),
+            &on_the_wire(queued),
+            queued
+        ),
         None
     );
     let recheck = queued + RECHECK;
