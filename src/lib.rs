@@ -28,5 +28,6 @@ pub mod failures;
 pub mod metrics;
 pub mod pod;
 pub mod probe;
+pub mod resource_version;
 pub mod runner;
 pub mod sidecar;

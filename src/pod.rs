@@ -3,11 +3,9 @@
 //! when it matters ([`status`]), published as [`PodView`]s.
 
 mod file;
-mod resource_version;
 mod status;
 
 pub use file::{read_annotations_file, watch_file};
-pub use resource_version::ResourceVersion;
 pub use status::{Read, ReadTriggers, StatusReader, StatusReads};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,6 +22,7 @@ use tokio::sync::watch;
 use crate::annotation::{self, PODPROBE_ANNOTATION, PodContainers};
 use crate::condition::writer::ApiserverAnswered;
 use crate::failures::{FailureRun, Loudness};
+use crate::resource_version::ResourceVersion;
 use crate::runner::ContainerView;
 
 /// Where the pod's annotation comes from.

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use super::repair::{self, RepairPolicy, Repairs, Seen};
 use crate::condition::writer::WriteProgress;
 use crate::condition::{ConditionBook, FIELD_MANAGER};
-use crate::pod::{ResourceVersion, StatusWriter};
+use crate::pod::StatusWriter;
+use crate::resource_version::ResourceVersion;
 
 /// An overwrite found in a view.
 #[derive(Debug, Clone, PartialEq, Eq)]

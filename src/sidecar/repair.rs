@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::condition::writer::WriteProgress;
-use crate::pod::ResourceVersion;
+use crate::resource_version::ResourceVersion;
 
 /// How long a mismatching view may be one written before podprobe's own last write, where
 /// resourceVersions cannot tell.

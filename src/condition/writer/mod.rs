@@ -24,7 +24,7 @@ mod state;
 use super::{FIELD_MANAGER, status_patch};
 use crate::failures::{FailureRun, Loudness};
 use crate::metrics::Metrics;
-use crate::pod::ResourceVersion;
+use crate::resource_version::ResourceVersion;
 use failure::{code_of, explain};
 use podprobe_ops::backoff::{Backoff, Failure, Policy};
 use podprobe_protocol::uid_guard::refused_by_uid_guard;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tokio::time::Instant;
 
 use super::{ConditionWrite, WriteProgress};
-use crate::pod::ResourceVersion;
+use crate::resource_version::ResourceVersion;
 
 pub(super) type Writes = BTreeMap<String, ConditionWrite>;
 

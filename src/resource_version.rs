@@ -1,4 +1,5 @@
-//! A pod's `metadata.resourceVersion`, and how two of them are ordered.
+//! The sidecar's pod's `metadata.resourceVersion`, and how two of them are ordered: read by the
+//! pod watch and the condition writer alike, so a module below both.
 //!
 //! The API calls resourceVersions opaque: a client may only compare them for equality. Every
 //! etcd-backed apiserver gives the object's etcd revision, a decimal integer that grows with
