@@ -202,8 +202,8 @@ pub async fn renew(
     shutdown: CancellationToken,
 ) {
     loop {
-        metrics.token(&renewal.claims);
         let due = renewal.claims.renew_at();
+        metrics.token(&renewal.claims.service_account, renewal.claims.expires, due);
         tracing::info!(
             expires = %renewal.claims.expires,
             "the sidecar's token, bound to the pod, expires at {}; renewing it at {due}",

@@ -285,13 +285,15 @@ impl Metrics {
         self.inner.pod_status_reads.clone()
     }
 
-    /// The token the sidecar holds now: when it expires, when it is due for renewal.
-    pub fn token(&self, claims: &crate::credential::Claims) {
-        self.set_token(
-            &claims.service_account,
-            claims.expires.as_second(),
-            claims.renew_at().as_second(),
-        );
+    /// The token the sidecar holds now: its service account, when it expires, when it is due
+    /// for renewal.
+    pub fn token(
+        &self,
+        service_account: &str,
+        expires: jiff::Timestamp,
+        renew_at: jiff::Timestamp,
+    ) {
+        self.set_token(service_account, expires.as_second(), renew_at.as_second());
     }
 
     /// The sidecar should renew its own token and holds none it can renew (none mounted: its
@@ -465,14 +467,7 @@ mod tests {
             assert!(text.contains(line), "{text}");
         }
         let at = |s| jiff::Timestamp::from_second(s).unwrap();
-        m.token(&crate::credential::Claims {
-            issued: at(1_000),
-            expires: at(11_000),
-            namespace: "games".into(),
-            service_account: "podprobe-sidecar".into(),
-            pod_name: "gs-0".into(),
-            pod_uid: "u-1".into(),
-        });
+        m.token("podprobe-sidecar", at(11_000), at(9_000));
         let text = m.encode();
         assert!(
             !text.contains(r#"service_account="""#),
