@@ -29,6 +29,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod pods;
 pub mod retries;
+pub mod routes;
 pub mod run;
 pub mod sidecar_token;
 pub mod status;

@@ -160,8 +160,8 @@ impl Metrics {
         // Every known label value starts at 0, so a series exists before its first event:
         // `rate()` and `increase()` then see that first error instead of a series appearing at 1.
         for path in [
-            crate::webhook::MUTATE_PODS_PATH,
-            crate::webhook::VALIDATE_PPM_PATH,
+            crate::routes::MUTATE_PODS_PATH,
+            crate::routes::VALIDATE_PPM_PATH,
         ] {
             for result in WEBHOOK_RESULTS {
                 let _ = webhook_requests.get_or_create(&WebhookLabels {

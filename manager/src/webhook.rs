@@ -41,8 +41,7 @@ use crate::metrics::Metrics;
 use crate::patch::to_json_patch;
 use crate::validate;
 
-pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
-pub const VALIDATE_PPM_PATH: &str = "/validate-podprobemarkers";
+pub use crate::routes::{MUTATE_PODS_PATH, VALIDATE_PPM_PATH};
 /// Largest AdmissionReview accepted: a pod is at most ~1.5 MiB (etcd's request limit), and a
 /// review carries one (CREATE) or a PodProbeMarker twice (UPDATE).
 const MAX_BODY: usize = 4 << 20;
