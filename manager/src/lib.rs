@@ -23,6 +23,7 @@ pub mod cache;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod events;
 pub mod inject;
 pub mod leader;
 pub mod manifest;

@@ -30,7 +30,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::Resource;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -54,8 +54,6 @@ pub const CONDITIONS_REASON: &str = "ProbeConditionsMissing";
 /// How long a pod runs the sidecar with none of its probe conditions (past its probes' longest
 /// initial delay) before it is reported: a first result takes a period or two.
 pub const SILENCE: Duration = Duration::from_secs(300);
-/// The Events' `reportingController` (the chart's policy checks it).
-pub const REPORTING_CONTROLLER: &str = "podprobe-manager";
 /// Events published per sweep at most: a namespace of thousands of pods that opts in after
 /// they started is reported over a few minutes rather than in one burst of writes. The gauge
 /// and the log count all of them at once.
@@ -322,13 +320,7 @@ impl Sweep {
         // A Recorder per sweep: one that remembers an Event patches it into a series when the
         // same pod is reported again within minutes (it left the result and came back), and
         // the manager may only create Events.
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: REPORTING_CONTROLLER.into(),
-                instance: Some(crate::leader::replica_name()),
-            },
-        );
+        let recorder = Recorder::new(self.client.clone(), crate::events::reporter());
         let (mut published, mut failed) = (0, 0);
         for (pod, unprobed) in &found {
             let Some(uid) = pod.metadata.uid.clone() else {

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource};
@@ -115,13 +115,7 @@ impl Context {
     /// remembers would patch a repeated Event into a series, and the manager may only create
     /// Events.
     async fn warn(&self, pod: &Pod, reason: &str, note: String) {
-        let events = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: crate::pods::unprobed::REPORTING_CONTROLLER.into(),
-                instance: Some(crate::leader::replica_name()),
-            },
-        );
+        let events = Recorder::new(self.client.clone(), crate::events::reporter());
         let event = Event {
             type_: EventType::Warning,
             reason: reason.into(),
