@@ -148,3 +148,52 @@ pub async fn run(
         .for_each(|_| futures::future::ready(()))
         .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::Value;
+
+    /// A pod as the pod cache keeps it: `Initialized` as given, bound to `node`.
+    fn cached(namespace: &str, labels: Value, node: Option<&str>, initialized: &str) -> CachedPod {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "gs-0", "namespace": namespace, "uid": "u-1", "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "main"}]},
+            "status": {"phase": "Running",
+                       "conditions": [{"type": "Initialized", "status": initialized}]},
+        }))
+        .unwrap();
+        CachedPod::from(pod)
+    }
+
+    fn ppm(selector: Value) -> PodProbeMarker {
+        serde_json::from_value(json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "PodProbeMarker",
+            "metadata": {"name": "ppm", "namespace": "test"},
+            "spec": {"selector": selector, "probes": []}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn matched_pods_counts_what_openkruise_counts_on_the_cached_pod() {
+        let game = ppm(json!({"matchLabels": {"app": "game"}}));
+        let app = |a: &str| json!({"app": a});
+        let pods = [
+            cached("test", app("game"), Some("vk-1"), "True"),
+            cached("test", app("game"), Some("node-1"), "True"),
+            cached("test", app("other"), Some("vk-1"), "True"),
+            cached("other", app("game"), Some("vk-1"), "True"),
+            cached("test", app("game"), None, "True"),
+            cached("test", app("game"), Some("vk-1"), "False"),
+        ];
+        assert_eq!(matched_pods(&game, pods.iter()), 2);
+        let everything = ppm(json!({}));
+        assert_eq!(
+            matched_pods(&everything, pods.iter()),
+            0,
+            "an empty selector"
+        );
+    }
+}
