@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use crate::admission::{self, Injection};
+use crate::admission::{self, Injection, Mutation};
 use crate::config::{ConfigError, InjectionConfig};
 use crate::crd::PodProbeMarker;
 use crate::manifest::{self, ManifestError};
@@ -253,40 +253,12 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
     let standalone = args.mode == RenderMode::Standalone;
     let mutation = admission::mutate(&pod, &ppms, standalone, injection);
     let mut notes = Vec::new();
-    let mut exec_notes = Vec::new();
     if mutation.annotations.is_none() {
         notes.push("no probe accepted (no matching marker, podConditionType or container): annotations left unchanged".into());
     }
     if let Some(config) = &config {
-        notes.push(if let (true, Some(spec)) = (mutation.injected, &pod.spec) {
-            let shape = inject::shape::of(spec, config, &[]);
-            let probes = mutation
-                .annotations
-                .as_ref()
-                .map(|a| admission::probes(&a.probes))
-                .unwrap_or_default();
-            let exec_containers = admission::exec_containers(&probes);
-            let virtual_node = shape == inject::shape::Shape::VirtualNode;
-            let agent = inject::agent::plan(&pod, config, &exec_containers, virtual_node);
-            exec_notes = agent.decisions.iter().map(|d| d.note()).collect();
-            let executor = if standalone {
-                ""
-            } else {
-                "; companion mode: it probes only if the pod's node is labelled type=virtual-kubelet, and stands down on other nodes, where OpenKruise's kruise-daemon probes the pod"
-            };
-            format!(
-                "sidecar injected in the {} shape ({}){executor}",
-                shape.as_str(),
-                inject::shape::explain(spec, config, &[])
-            )
-        } else {
-            format!(
-                "sidecar not injected: the pod is not opted in (label {}=enabled on the pod or, via --namespace-label, its namespace) or already has container {:?}",
-                config.inject_label, config.container_name
-            )
-        });
+        notes.extend(injection_notes(&pod, config, &mutation, standalone));
     }
-    notes.extend(exec_notes);
     notes.extend(mutation.warnings);
     let ops = mutation.ops;
     let mut doc = serde_json::to_value(&pod).map_err(|e| CliError::Output(e.to_string()))?;
@@ -295,6 +267,44 @@ fn render(args: &RenderArgs) -> Result<Printed, CliError> {
         stdout: format(&doc, args.input.output)?,
         notes,
     })
+}
+
+/// What `render` says of the sidecar's injection into `pod`: whether and in which shape, and
+/// where each probed container's exec probes run.
+fn injection_notes(
+    pod: &Pod,
+    config: &InjectionConfig,
+    mutation: &Mutation,
+    standalone: bool,
+) -> Vec<String> {
+    let (true, Some(spec)) = (mutation.injected, &pod.spec) else {
+        return vec![format!(
+            "sidecar not injected: the pod is not opted in (label {}=enabled on the pod or, via --namespace-label, its namespace) or already has container {:?}",
+            config.inject_label, config.container_name
+        )];
+    };
+    let shape = inject::shape::of(spec, config, &[]);
+    let probes = mutation
+        .annotations
+        .as_ref()
+        .map(|a| admission::probes(&a.probes))
+        .unwrap_or_default();
+    let exec_containers = admission::exec_containers(&probes);
+    let virtual_node = shape == inject::shape::Shape::VirtualNode;
+    let agent = inject::agent::plan(pod, config, &exec_containers, virtual_node);
+    let executor = if standalone {
+        ""
+    } else {
+        "; companion mode: it probes only if the pod's node is labelled type=virtual-kubelet, and stands down on other nodes, where OpenKruise's kruise-daemon probes the pod"
+    };
+    let injected = format!(
+        "sidecar injected in the {} shape ({}){executor}",
+        shape.as_str(),
+        inject::shape::explain(spec, config, &[])
+    );
+    std::iter::once(injected)
+        .chain(agent.decisions.iter().map(|d| d.note()))
+        .collect()
 }
 
 fn check_markers(args: &CheckMarkersArgs) -> Result<Printed, CliError> {

@@ -54,7 +54,7 @@ pub struct InjectionConfig {
     pub readiness_gates: Vec<String>,
     /// Run exec probes through podprobe's exec agent inside the probed container, where the
     /// pod allows it (`auto`: on kubelet and virtual nodes; `kubeletNodes`: on kubelet nodes
-    /// only; see [`crate::inject::agent`]), or never (`disabled`: they go through pods/exec,
+    /// only; injection decides per container whether the pod allows it), or never (`disabled`: they go through pods/exec,
     /// or procfs with `shareProcessNamespace`).
     #[serde(default)]
     pub exec_agent: ExecAgentChoice,
@@ -68,7 +68,7 @@ pub struct InjectionConfig {
     pub metrics_port: Option<u16>,
     /// Which shape the injected pod takes: the one for kubelet nodes, or the one every
     /// virtual-kubelet provider accepts (`auto`: the latter for pods that may run on a virtual
-    /// node, see [`crate::inject::shape`]).
+    /// node, as injection reads the pod's tolerations, selector and affinity).
     #[serde(default)]
     pub pod_shape: PodShapeChoice,
     /// Taint keys of virtual nodes: a pod tolerating one of them (or every taint) may run on a

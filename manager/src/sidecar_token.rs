@@ -3,7 +3,7 @@
 //! Virtual-kubelet providers do not project service-account tokens as a kubelet does (azure-aci
 //! copies the account's legacy token Secret, bound to no pod, which the chart's admission
 //! policy refuses, and which Kubernetes no longer creates). So for a pod in the virtual-node
-//! shape ([`crate::inject::shape`]) that is not bound yet, injection mounts a Secret named
+//! shape (chosen at injection) that is not bound yet, injection mounts a Secret named
 //! after the admission request, labels the pod [`LABEL`]`=`[`PENDING`] and holds it off every
 //! node with the scheduling gate [`GATE`]. (A pod bound at creation cannot be held: it keeps
 //! the projected token, which providers that project tokens serve.) Once the pod exists (it has a uid),
@@ -12,6 +12,7 @@
 //! and lifts the gate. The token carries the pod's name and uid, so the admission policy
 //! confines it to the pod exactly as a projected one; it stops working when the pod is deleted.
 
+pub mod decide;
 pub mod issue;
 
 use serde_json::{Value, json};
@@ -30,9 +31,12 @@ pub const REFUSED: &str = "refused";
 /// token is issued for it, and its provider may replace or drop the projected one.
 pub const PROJECTED: &str = "projected";
 /// The label that names the replica whose webhook admitted the pod, which issues its token;
-/// another replica takes it over only after [`issue::TAKEOVER`] (so each pod costs one
+/// another replica takes it over only after [`decide::TAKEOVER`] (so each pod costs one
 /// TokenRequest, one Secret and one release, unless that replica went away).
 pub const ISSUER_LABEL: &str = "podprobe.io/sidecar-token-issuer";
+/// The sidecar's token volume: injection mounts the token there, the issuer reads from it
+/// which Secret to write.
+pub const TOKEN_VOLUME: &str = "podprobe-api-access";
 /// Prefix of the issued Secrets' names.
 pub const SECRET_PREFIX: &str = "podprobe-token-";
 

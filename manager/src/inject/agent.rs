@@ -135,67 +135,90 @@ pub fn plan(
     targets.dedup();
     let mut wrapped = Vec::new();
     let taken = taken_volume(spec);
+    let pod_facts = PodFacts {
+        virtual_node,
+        opted_out,
+        taken: taken.as_deref(),
+    };
     for name in targets {
-        let Some((index, container)) = spec
-            .containers
-            .iter()
-            .enumerate()
-            .find(|(_, c)| c.name == name)
-        else {
+        let containers = spec.containers.iter().enumerate();
+        let Some((index, container)) = containers.into_iter().find(|(_, c)| c.name == name) else {
             continue;
         };
-        let left = |why: String| Decision::Left {
-            container: name.to_owned(),
-            why,
+        let Some(decision) = decide(container, config, &pod_facts) else {
+            continue;
         };
-        let command = container.command.as_deref().unwrap_or_default();
-        let decision = match (config.exec_agent, virtual_node) {
-            _ if command.first().map(String::as_str) == Some(AGENT_BINARY) => continue,
-            _ if starts_agent_beside(container) => continue,
-            (ExecAgentChoice::Disabled, _) => {
-                left("execAgent is disabled in the injection config".into())
-            }
-            _ if opted_out => left(format!(
-                "the pod's annotation {OPT_OUT_ANNOTATION} is \"disabled\": its commands stay as they are"
-            )),
-            (ExecAgentChoice::KubeletNodes, true) => left(
-                "the pod may run on a virtual node, and execAgent is kubeletNodes (for a provider that runs no init containers): its exec probes go through pods/exec".into(),
-            ),
-            (_, true) if command.is_empty() => left(
-                "the container has no command in the pod spec, so the agent would start beside its image's entrypoint from a postStart hook, and the pod may run on a virtual node, whose providers run no such hook (azure-aci refuses the pod); give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
-            ),
-            _ if command.is_empty() && has_post_start(container) => left(
-                "the container has no command in the pod spec and has a postStart hook of its own, beside which the agent cannot start; give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
-            ),
-            _ if let Some(volume) = &taken => {
-                left(format!("the pod already has a volume named {volume:?}"))
-            }
-            _ if mounts_at(container, AGENT_DIR) || mounts_at(container, SOCKET_DIR) => {
-                left(format!(
-                    "the container already mounts something at {AGENT_DIR} or {SOCKET_DIR}"
-                ))
-            }
-            _ if command.is_empty() => {
-                start_beside(&mut plan.ops, index, container);
-                wrapped.push((index, name.to_owned()));
-                Decision::Beside {
-                    container: name.to_owned(),
-                }
-            }
-            _ => {
+        match &decision {
+            Decision::Left { .. } => {}
+            Decision::Beside { .. } => start_beside(&mut plan.ops, index, container),
+            Decision::Wrapped { .. } => {
+                let command = container.command.as_deref().unwrap_or_default();
                 wrap(&mut plan.ops, index, command, container);
-                wrapped.push((index, name.to_owned()));
-                Decision::Wrapped {
-                    container: name.to_owned(),
-                }
             }
-        };
+        }
+        if !matches!(decision, Decision::Left { .. }) {
+            wrapped.push((index, name.to_owned()));
+        }
         plan.decisions.push(decision);
     }
     if !wrapped.is_empty() {
         plan.parts = Some(parts(config, &wrapped, virtual_node));
     }
     plan
+}
+
+/// What [`decide`] needs to know of the pod beyond the container.
+struct PodFacts<'a> {
+    /// The pod may run on a virtual node.
+    virtual_node: bool,
+    /// The pod's [`OPT_OUT_ANNOTATION`] is `disabled`.
+    opted_out: bool,
+    /// A volume of the pod the agent's volumes would clash with.
+    taken: Option<&'a str>,
+}
+
+/// Where the agent goes in `container`, which exec probes target; `None`: it runs the agent
+/// already (wrapped, or started beside its entrypoint).
+fn decide(container: &Container, config: &InjectionConfig, pod: &PodFacts<'_>) -> Option<Decision> {
+    let name = &container.name;
+    let left = |why: String| {
+        Some(Decision::Left {
+            container: name.clone(),
+            why,
+        })
+    };
+    let command = container.command.as_deref().unwrap_or_default();
+    match (config.exec_agent, pod.virtual_node) {
+        _ if command.first().map(String::as_str) == Some(AGENT_BINARY) => None,
+        _ if starts_agent_beside(container) => None,
+        (ExecAgentChoice::Disabled, _) => {
+            left("execAgent is disabled in the injection config".into())
+        }
+        _ if pod.opted_out => left(format!(
+            "the pod's annotation {OPT_OUT_ANNOTATION} is \"disabled\": its commands stay as they are"
+        )),
+        (ExecAgentChoice::KubeletNodes, true) => left(
+            "the pod may run on a virtual node, and execAgent is kubeletNodes (for a provider that runs no init containers): its exec probes go through pods/exec".into(),
+        ),
+        (_, true) if command.is_empty() => left(
+            "the container has no command in the pod spec, so the agent would start beside its image's entrypoint from a postStart hook, and the pod may run on a virtual node, whose providers run no such hook (azure-aci refuses the pod); give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
+        ),
+        _ if command.is_empty() && has_post_start(container) => left(
+            "the container has no command in the pod spec and has a postStart hook of its own, beside which the agent cannot start; give it its command (the image's ENTRYPOINT and CMD) to run exec probes through the agent".into(),
+        ),
+        _ if let Some(volume) = pod.taken => {
+            left(format!("the pod already has a volume named {volume:?}"))
+        }
+        _ if mounts_at(container, AGENT_DIR) || mounts_at(container, SOCKET_DIR) => left(format!(
+            "the container already mounts something at {AGENT_DIR} or {SOCKET_DIR}"
+        )),
+        _ if command.is_empty() => Some(Decision::Beside {
+            container: name.clone(),
+        }),
+        _ => Some(Decision::Wrapped {
+            container: name.clone(),
+        }),
+    }
 }
 
 /// The name of a volume of `spec` that the agent's volumes would clash with.

@@ -26,11 +26,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 
 use crate::patch::PatchOp;
+use crate::sidecar_token::TOKEN_VOLUME;
 
 /// Where in-cluster clients (client-go, kube-rs) read the token, CA and namespace.
 pub const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
-/// The sidecar's token volume.
-pub const TOKEN_VOLUME: &str = "podprobe-api-access";
 /// The prefix of the volume kube-apiserver generates for the automounted token.
 const GENERATED_PREFIX: &str = "kube-api-access-";
 /// The generated token's lifetime, kept: the kubelet refreshes it at 80 %.
@@ -88,6 +87,30 @@ pub fn plan(spec: &PodSpec, issued_secret: Option<&str>) -> Option<TokenPlan> {
     if spec.automount_service_account_token == Some(true) {
         return None;
     }
+    let mut ops = generated_token_removals(spec);
+    ops.push(PatchOp::Add {
+        path: "/spec/automountServiceAccountToken".into(),
+        value: Value::Bool(false),
+    });
+    Some(TokenPlan {
+        ops,
+        sidecar_mount: VolumeMount {
+            name: TOKEN_VOLUME.into(),
+            mount_path: TOKEN_MOUNT_PATH.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        volume: match issued_secret {
+            None => projected_token_volume(),
+            Some(secret) => issued_token_volume(secret),
+        },
+        renewal: issued_secret.map(|_| renewal()),
+    })
+}
+
+/// Ops taking out the token volume kube-apiserver generated and every container's mount of
+/// it, highest index first in each list so that each removal leaves the next one's index be.
+fn generated_token_removals(spec: &PodSpec) -> Vec<PatchOp> {
     let generated = |name: &str| {
         spec.volumes.iter().flatten().any(|v| {
             v.name == name
@@ -128,24 +151,7 @@ pub fn plan(spec: &PodSpec, issued_secret: Option<&str>) -> Option<TokenPlan> {
             path: format!("/spec/volumes/{j}"),
         });
     }
-    ops.push(PatchOp::Add {
-        path: "/spec/automountServiceAccountToken".into(),
-        value: Value::Bool(false),
-    });
-    Some(TokenPlan {
-        ops,
-        sidecar_mount: VolumeMount {
-            name: TOKEN_VOLUME.into(),
-            mount_path: TOKEN_MOUNT_PATH.into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        volume: match issued_secret {
-            None => projected_token_volume(),
-            Some(secret) => issued_token_volume(secret),
-        },
-        renewal: issued_secret.map(|_| renewal()),
-    })
+    ops
 }
 
 fn key_to_path(key: &str) -> KeyToPath {

@@ -1,7 +1,7 @@
 //! The issuer: for each pod labelled pending, a token bound to it in its Secret, then the
 //! pod released. Every replica runs it, so injection and issue work without a leader, in both
 //! modes; each issues the pods its own webhook admitted (they carry its name,
-//! [`ISSUER_LABEL`]), and those of another replica only once [`TAKEOVER`] has passed since the
+//! [`ISSUER_LABEL`](super::ISSUER_LABEL)), and those of another replica only once [`TAKEOVER`] has passed since the
 //! pod's creation (that replica went away), so a burst costs one TokenRequest, one Secret and
 //! one release per pod. A replica that finds the Secret written by another waits, with
 //! backoff, while that one releases the pod.
@@ -12,38 +12,31 @@
 //! token; so is a pod whose Secret exists already after that time (another pod's, named by
 //! this one: never taken as this pod's).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::ByteString;
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, Resource};
 use podprobe_ops::backoff::{AlreadyBackedOff, Failure, Policy, WatchRetry};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::{GATE, ISSUER_LABEL, LABEL, PENDING, REFUSED};
-use crate::inject::TOKEN_VOLUME;
+use super::decide::{
+    FirstLook, PodId, TokenError, Verdict, capped, first_look, issued_secret, pod_id,
+    release_patch, still_pending, token_secret, verdict,
+};
+use super::{LABEL, PENDING, REFUSED};
 use crate::metrics::Metrics;
-use crate::patch::escape;
 use crate::retries::{PerObject, Retries};
 
-/// How long after a pod's creation a refused TokenRequest is asked again before the pod is
-/// released without its token: its gate then holds it at most about this long (the last wait
-/// of the backoff, at most 30 s, comes on top), with a Warning Event on it meanwhile.
-pub const REFUSAL_GRACE: Duration = Duration::from_secs(30);
-
-/// How long after a pod's creation it is left to the replica that admitted it: past that, any
-/// replica issues it (the one that admitted it stopped, or is stuck).
-pub const TAKEOVER: Duration = Duration::from_secs(10);
+pub use super::decide::{REFUSAL_GRACE, TAKEOVER};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IssueError {
@@ -74,19 +67,6 @@ impl IssueError {
     }
 }
 
-/// Why a token could not be written.
-#[derive(Debug, thiserror::Error)]
-enum TokenError {
-    #[error(transparent)]
-    Api(#[from] kube::Error),
-    /// A Secret of that name exists. Another replica may have written it for this pod a moment
-    /// ago (it then releases the pod, which leaves the pending pods); or the pod names a Secret
-    /// that is not its own. The manager may not read Secrets, so it cannot tell which, and
-    /// never takes a Secret it did not just write as this pod's.
-    #[error("a Secret named {secret} exists already and was not written for this pod")]
-    Taken { secret: String },
-}
-
 /// How often the pending gauge is read from the issuer's cache.
 const GAUGE_EVERY: Duration = Duration::from_secs(5);
 /// When a release the apiserver refused is tried again.
@@ -99,7 +79,7 @@ struct Context {
     /// working when the pod is deleted; the sidecar renews it at 80 % of its lifetime
     /// (src/credential.rs), since a provider copies the Secret once, at start.
     lifetime: Duration,
-    /// This replica's [`ISSUER_LABEL`] value; `None` takes every pod (`release-gates`).
+    /// This replica's [`ISSUER_LABEL`](super::ISSUER_LABEL) value; `None` takes every pod (`release-gates`).
     issuer: Option<String>,
     metrics: Arc<Metrics>,
     retries: Arc<Retries<Pod>>,
@@ -272,122 +252,87 @@ pub async fn issue_pending_once(
     }
 }
 
-fn pod_id(pod: &Pod) -> String {
-    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-    let name = pod.metadata.name.as_deref().unwrap_or_default();
-    format!("{ns}/{name}")
-}
-
-/// The Secret injection named in the pod's token volume.
-fn issued_secret(pod: &Pod) -> Option<String> {
-    let volume = pod
-        .spec
-        .as_ref()?
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.name == TOKEN_VOLUME)?;
-    let sources = volume.projected.as_ref()?.sources.as_ref()?;
-    sources
-        .iter()
-        .find_map(|s| Some(s.secret.as_ref()?.name.clone()))
-}
-
-/// Whether the apiserver refused for good (no retry helps): not allowed, or no such account.
-fn refused(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 403 || s.code == 404 || s.code == 422)
-}
-
 async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueError> {
-    let (Some(ns), Some(name), Some(uid)) = (
-        pod.metadata.namespace.as_deref(),
-        pod.metadata.name.as_deref(),
-        pod.metadata.uid.as_deref(),
-    ) else {
-        return Ok(Action::await_change());
-    };
-    let id = format!("{ns}/{name}");
-    if pod.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
-    if pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .is_some()
-    {
-        // Bound already (its gate lifted by someone else, or the label set by hand): a write
-        // now could cost it its first status on virtual-kubelet ≥ v1.13. Not ours to touch.
-        tracing::debug!(pod = %id, "labelled {LABEL}={PENDING} but bound already: left alone");
-        return Ok(Action::await_change());
-    }
-    if let Some(left) = left_to_its_issuer(&pod, ctx.issuer.as_deref()) {
-        tracing::debug!(pod = %id, "admitted by another replica: left to it for {left:?} more");
-        return Ok(Action::requeue(left));
-    }
-    // Taking over another replica's pod: this replica's watch may lag (it reconnects after a
-    // dropped connection), and the pod be released already. Its live state decides.
-    if !is_mine(&pod, ctx.issuer.as_deref()) {
-        // A list by name: the manager may list pods, not get them.
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
-        let live = pods
-            .list(&by_name)
-            .await
-            .map_err(|source| IssueError::Api {
-                pod: id.clone(),
-                what: "reading the pod before taking it over",
-                source,
-            })?;
-        let still_pending = live.items.first().is_some_and(|p| {
-            p.metadata.uid.as_deref() == Some(uid)
-                && p.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(LABEL))
-                    .map(String::as_str)
-                    == Some(PENDING)
-        });
-        if !still_pending {
+    let id = match first_look(&pod, ctx.issuer.as_deref(), Timestamp::now()) {
+        FirstLook::Leave(why) => {
+            tracing::debug!(pod = %pod_id(&pod), "labelled {LABEL}={PENDING}, left alone: {why}");
             return Ok(Action::await_change());
         }
-        tracing::info!(pod = %id, "taking over the sidecar's token from the replica that admitted the pod, {TAKEOVER:?} after its creation");
-    }
-    let api_error = |what| {
-        let pod = id.clone();
-        move |source| IssueError::Api { pod, what, source }
+        FirstLook::LeftToItsIssuer(left) => {
+            tracing::debug!(pod = %pod_id(&pod), "admitted by another replica: left to it for {left:?} more");
+            return Ok(Action::requeue(left));
+        }
+        FirstLook::TakeOver(id) => {
+            if !still_pending_live(&ctx, id).await? {
+                return Ok(Action::await_change());
+            }
+            tracing::info!(pod = %id, "taking over the sidecar's token from the replica that admitted the pod, {TAKEOVER:?} after its creation");
+            id
+        }
+        FirstLook::Issue(id) => id,
     };
     let oref = ObjectRef::from_obj(&*pod);
-    let outcome = match issued_secret(&pod) {
-        None => Err(format!("it has no {TOKEN_VOLUME} volume naming a Secret")),
-        Some(secret) if ctx.written.lock().contains_key(&oref) => Ok(secret),
-        Some(secret) => match write_token(&ctx, &pod, ns, name, uid, &secret).await {
-            Ok(()) => {
-                ctx.written.lock().insert(oref.clone(), ());
-                Ok(secret)
-            }
-            Err(TokenError::Taken { .. }) if within_grace(&pod) => {
-                return Err(IssueError::Taken { pod: id });
-            }
-            Err(e @ TokenError::Taken { .. }) => Err(e.to_string()),
-            Err(TokenError::Api(e)) if refused(&e) && within_grace(&pod) => {
-                if ctx.warned.lock().insert(oref.clone(), ()).is_none() {
-                    ctx.warn(
-                        &pod,
-                        "SidecarTokenRefused",
-                        format!(
-                            "the sidecar's token was refused ({e}); asked again until {REFUSAL_GRACE:?} after the pod's creation, then the pod is released without it"
-                        ),
-                    )
-                    .await;
-                }
-                return Err(IssueError::Refused { pod: id, source: e });
-            }
-            Err(TokenError::Api(e)) if refused(&e) => Err(e.to_string()),
-            Err(TokenError::Api(e)) => return Err(api_error("issuing the sidecar's token")(e)),
-        },
+    let secret = issued_secret(&pod);
+    let written = match &secret {
+        Some(_) if ctx.written.lock().contains_key(&oref) => Ok(()),
+        Some(secret) => write_token(&ctx, &pod, id, secret).await,
+        None => Ok(()),
     };
-    let (released, outcome_label) = match &outcome {
+    if written.is_ok() && secret.is_some() {
+        ctx.written.lock().insert(oref.clone(), ());
+    }
+    match verdict(&pod, secret, written, Timestamp::now()) {
+        Verdict::Release(outcome) => release(&ctx, &pod, id, &oref, outcome).await,
+        Verdict::LookAgainTaken => Err(IssueError::Taken {
+            pod: id.to_string(),
+        }),
+        Verdict::AskAgain(e) => {
+            if ctx.warned.lock().insert(oref, ()).is_none() {
+                let note = format!(
+                    "the sidecar's token was refused ({e}); asked again until {REFUSAL_GRACE:?} after the pod's creation, then the pod is released without it"
+                );
+                ctx.warn(&pod, "SidecarTokenRefused", note).await;
+            }
+            Err(IssueError::Refused {
+                pod: id.to_string(),
+                source: e,
+            })
+        }
+        Verdict::Retry(source) => Err(IssueError::Api {
+            pod: id.to_string(),
+            what: "issuing the sidecar's token",
+            source,
+        }),
+    }
+}
+
+/// Whether the pod another replica admitted is, read live, still pending: this replica's
+/// watch may lag (it reconnects after a dropped connection), and the pod be released already.
+async fn still_pending_live(ctx: &Context, id: PodId<'_>) -> Result<bool, IssueError> {
+    // A list by name: the manager may list pods, not get them.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), id.namespace);
+    let by_name = ListParams::default().fields(&format!("metadata.name={}", id.name));
+    let live = pods
+        .list(&by_name)
+        .await
+        .map_err(|source| IssueError::Api {
+            pod: id.to_string(),
+            what: "reading the pod before taking it over",
+            source,
+        })?;
+    Ok(still_pending(live.items.first(), id.uid))
+}
+
+/// The pod released with its token (`Ok`: the Secret's name) or without it (`Err`: why, said
+/// in the log and on the pod).
+async fn release(
+    ctx: &Context,
+    pod: &Pod,
+    id: PodId<'_>,
+    oref: &ObjectRef<Pod>,
+    outcome: Result<String, String>,
+) -> Result<Action, IssueError> {
+    let (label, outcome_label) = match &outcome {
         Ok(secret) => {
             tracing::info!(pod = %id, %secret, "issued the sidecar's token, bound to the pod; releasing it");
             (Value::Null, "issued")
@@ -395,7 +340,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
         Err(why) => {
             tracing::warn!(pod = %id, "cannot issue the sidecar's token ({why}); releasing the pod without it (its token volume is optional): it runs, and its sidecar cannot reach the apiserver. Labelled {LABEL}={REFUSED}");
             ctx.warn(
-                &pod,
+                pod,
                 "SidecarTokenNotIssued",
                 format!("released without the sidecar's token: {why}; its sidecar cannot reach the apiserver, so nothing probes this pod. Fix the cause and recreate the pod"),
             )
@@ -403,13 +348,13 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
             (Value::String(REFUSED.into()), "refused")
         }
     };
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let release = release_patch(&pod, uid, released);
-    match pods.patch(name, &PatchParams::default(), &release).await {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), id.namespace);
+    let release = release_patch(pod, id.uid, label);
+    match pods.patch(id.name, &PatchParams::default(), &release).await {
         Ok(_) => {
-            ctx.retries.answered(&oref);
-            ctx.written.lock().remove(&oref);
-            ctx.warned.lock().remove(&oref);
+            ctx.retries.answered(oref);
+            ctx.written.lock().remove(oref);
+            ctx.warned.lock().remove(oref);
             ctx.metrics.sidecar_token(outcome_label);
             Ok(Action::await_change())
         }
@@ -422,47 +367,19 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
             tracing::warn!(pod = %id, "the pod's release was refused ({}); trying again in {RELEASE_RETRY:?}", s.message);
             Ok(Action::requeue(RELEASE_RETRY))
         }
-        Err(e) => Err(api_error("releasing the pod")(e)),
+        Err(source) => Err(IssueError::Api {
+            pod: id.to_string(),
+            what: "releasing the pod",
+            source,
+        }),
     }
-}
-
-/// Whether this replica (`me`; `None`: `release-gates`, which takes every pod) admitted `pod`.
-fn is_mine(pod: &Pod, me: Option<&str>) -> bool {
-    let Some(me) = me else {
-        return true;
-    };
-    let labels = pod.metadata.labels.as_ref();
-    labels.and_then(|l| l.get(ISSUER_LABEL)).map(String::as_str) == Some(me)
-}
-
-/// How much longer `pod` is left to the replica that admitted it, if it is another's and
-/// [`TAKEOVER`] has not passed since its creation.
-fn left_to_its_issuer(pod: &Pod, me: Option<&str>) -> Option<Duration> {
-    if is_mine(pod, me) {
-        return None;
-    }
-    let created = pod.metadata.creation_timestamp.as_ref()?.0;
-    let age = jiff::Timestamp::now().duration_since(created);
-    let left = jiff::SignedDuration::try_from(TAKEOVER).ok()? - age;
-    left.is_positive().then(|| left.unsigned_abs())
-}
-
-/// Whether a refusal of `pod`'s token may still be asked again ([`REFUSAL_GRACE`]).
-fn within_grace(pod: &Pod) -> bool {
-    let Some(created) = &pod.metadata.creation_timestamp else {
-        return false;
-    };
-    let age = jiff::Timestamp::now().duration_since(created.0);
-    age < jiff::SignedDuration::try_from(REFUSAL_GRACE).unwrap_or_default()
 }
 
 /// A token of the pod's service account bound to the pod, into the Secret the pod mounts.
 async fn write_token(
     ctx: &Context,
     pod: &Pod,
-    ns: &str,
-    name: &str,
-    uid: &str,
+    id: PodId<'_>,
     secret: &str,
 ) -> Result<(), TokenError> {
     let account = pod
@@ -471,80 +388,36 @@ async fn write_token(
         .and_then(|s| s.service_account_name.as_deref())
         .unwrap_or("default");
     let seconds = i64::try_from(ctx.lifetime.as_secs()).unwrap_or(i64::MAX);
-    let request = podprobe_ops::token::bound_to_pod(name, uid, seconds);
-    let issued = Api::<ServiceAccount>::namespaced(ctx.client.clone(), ns)
+    let request = podprobe_ops::token::bound_to_pod(id.name, id.uid, seconds);
+    let issued = Api::<ServiceAccount>::namespaced(ctx.client.clone(), id.namespace)
         .create_token_request(account, &PostParams::default(), &request)
         .await?;
     let Some(status) = issued.status.filter(|s| !s.token.is_empty()) else {
         return Err(TokenError::Api(kube::Error::Service(
-            format!("the TokenRequest for {ns}/{account} came back without a token").into(),
+            format!(
+                "the TokenRequest for {}/{account} came back without a token",
+                id.namespace
+            )
+            .into(),
         )));
     };
-    let asked = jiff::SignedDuration::try_from(ctx.lifetime).unwrap_or(jiff::SignedDuration::MAX);
     let expires = status.expiration_timestamp.0;
-    if expires.duration_since(jiff::Timestamp::now()) < asked - jiff::SignedDuration::from_mins(10)
-    {
+    if capped(expires, ctx.lifetime, Timestamp::now()) {
         tracing::info!(
-            pod = %format!("{ns}/{name}"),
+            pod = %id,
             "the apiserver capped the sidecar's token at {expires} (asked {:?}: --service-account-max-token-expiration); the sidecar renews it at 80 % of that",
             ctx.lifetime
         );
     }
-    let token = status.token;
-    let secret_name = secret.to_owned();
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(secret_name.clone()),
-            namespace: Some(ns.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".into(),
-                "podprobe-manager".into(),
-            )])),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                name: name.into(),
-                uid: uid.into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        },
-        type_: Some("Opaque".into()),
-        // Never changed once written: nobody, the manager included, may swap the token a
-        // provider copies, and the kubelet need not watch it.
-        immutable: Some(true),
-        data: Some(BTreeMap::from([
-            ("token".into(), ByteString(token.into_bytes())),
-            ("namespace".into(), ByteString(ns.as_bytes().to_vec())),
-        ])),
-        ..Default::default()
-    };
-    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), ns);
-    match secrets.create(&PostParams::default(), &secret).await {
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), id.namespace);
+    let object = token_secret(id, secret, status.token);
+    match secrets.create(&PostParams::default(), &object).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Err(TokenError::Taken {
-            secret: secret_name,
+            secret: secret.to_owned(),
         }),
         Err(e) => Err(e.into()),
     }
-}
-
-/// The pod released: its gate lifted (if it still has it), the label removed (`Null`) or set
-/// to [`REFUSED`]; guarded by the uid, so a same-named replacement is never touched.
-fn release_patch(pod: &Pod, uid: &str, label: Value) -> Patch<Value> {
-    let mut ops = vec![json!({"op": "test", "path": "/metadata/uid", "value": uid})];
-    let gates = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref());
-    if let Some(i) = gates.and_then(|g| g.iter().position(|g| g.name == GATE)) {
-        let path = format!("/spec/schedulingGates/{i}");
-        ops.push(json!({"op": "test", "path": format!("{path}/name"), "value": GATE}));
-        ops.push(json!({"op": "remove", "path": path}));
-    }
-    let label_path = format!("/metadata/labels/{}", escape(LABEL));
-    ops.push(match label {
-        Value::Null => json!({"op": "remove", "path": label_path}),
-        value => json!({"op": "replace", "path": label_path, "value": value}),
-    });
-    Patch::Json(serde_json::from_value(Value::Array(ops)).expect("a JSON patch"))
 }
 
 fn error_policy(pod: Arc<Pod>, error: &IssueError, ctx: Arc<Context>) -> Action {
@@ -558,162 +431,4 @@ fn error_policy(pod: Arc<Pod>, error: &IssueError, ctx: Arc<Context>) -> Action 
         _ => tracing::warn!("{error}; retrying in {wait:.1?}"),
     }
     Action::requeue(wait)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::InjectionConfig;
-    use crate::inject::{InjectContext, inject_ops};
-
-    fn injected_virtual_pod() -> Pod {
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "games", "uid": "u-1",
-                         "labels": {"podprobe.io/inject": "enabled"}},
-            "spec": {"serviceAccountName": "podprobe-sidecar",
-                     "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
-                     "schedulingGates": [{"name": "other.io/gate"}],
-                     "containers": [{"name": "main", "image": "game"}]}
-        }))
-        .unwrap();
-        let config = InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap();
-        let ctx = InjectContext {
-            request_uid: "9f0c1e2d-aaaa-bbbb-cccc-000000000001",
-            issuer: "manager-0",
-            ..Default::default()
-        };
-        let mut doc = serde_json::to_value(&pod).unwrap();
-        crate::patch::apply(&mut doc, &inject_ops(&pod, &config, &ctx)).unwrap();
-        serde_json::from_value(doc).unwrap()
-    }
-
-    #[test]
-    fn injection_names_the_secret_holds_the_pod_and_release_undoes_only_that() {
-        let pod = injected_virtual_pod();
-        assert_eq!(
-            issued_secret(&pod).as_deref(),
-            Some("podprobe-token-9f0c1e2daaaabbbbcccc000000000001")
-        );
-        let labels = pod.metadata.labels.as_ref().unwrap();
-        assert_eq!(labels.get(LABEL).map(String::as_str), Some(PENDING));
-        let gates: Vec<_> = pod
-            .spec
-            .as_ref()
-            .unwrap()
-            .scheduling_gates
-            .iter()
-            .flatten()
-            .map(|g| g.name.as_str())
-            .collect();
-        assert_eq!(gates, ["other.io/gate", GATE]);
-
-        let Patch::Json(patch) = release_patch(&pod, "u-1", Value::Null) else {
-            unreachable!()
-        };
-        let mut doc = serde_json::to_value(&pod).unwrap();
-        json_patch::patch(&mut doc, &patch).unwrap();
-        let released: Pod = serde_json::from_value(doc).unwrap();
-        let gates: Vec<_> = released
-            .spec
-            .unwrap()
-            .scheduling_gates
-            .into_iter()
-            .flatten()
-            .map(|g| g.name)
-            .collect();
-        assert_eq!(gates, ["other.io/gate"]);
-        assert!(!released.metadata.labels.unwrap().contains_key(LABEL));
-
-        // A same-named replacement (another uid) is left alone.
-        let Patch::Json(patch) = release_patch(&pod, "u-2", Value::String(REFUSED.into())) else {
-            unreachable!()
-        };
-        let mut doc = serde_json::to_value(&pod).unwrap();
-        assert!(json_patch::patch(&mut doc, &patch).is_err());
-    }
-
-    #[test]
-    fn a_pod_is_left_to_the_replica_that_admitted_it_until_the_takeover() {
-        let mut pod = injected_virtual_pod();
-        let labels = pod.metadata.labels.as_ref().unwrap();
-        assert_eq!(
-            labels.get(ISSUER_LABEL).map(String::as_str),
-            Some("manager-0")
-        );
-        let created = |ago: i64| {
-            let at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(ago);
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at))
-        };
-        pod.metadata.creation_timestamp = created(3);
-        assert_eq!(left_to_its_issuer(&pod, Some("manager-0")), None, "its own");
-        assert_eq!(left_to_its_issuer(&pod, None), None, "release-gates");
-        let left = left_to_its_issuer(&pod, Some("manager-1")).unwrap();
-        assert!(
-            left > Duration::from_secs(5) && left <= Duration::from_secs(7),
-            "{left:?}"
-        );
-        pod.metadata.creation_timestamp = created(11);
-        assert_eq!(
-            left_to_its_issuer(&pod, Some("manager-1")),
-            None,
-            "taken over"
-        );
-    }
-
-    #[test]
-    fn a_virtual_node_pod_that_keeps_the_projected_token_says_so_and_why() {
-        use crate::inject::inject;
-        let config = InjectionConfig::from_yaml("image: podprobe:dev\n", "t").unwrap();
-        let bound: Pod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "labels": {"podprobe.io/inject": "enabled"}},
-            "spec": {"nodeName": "vk-1",
-                     "tolerations": [{"key": "virtual-kubelet.io/provider", "operator": "Exists"}],
-                     "containers": [{"name": "main"}]}
-        }))
-        .unwrap();
-        let mut automount = bound.clone();
-        let spec = automount.spec.as_mut().unwrap();
-        spec.node_name = None;
-        spec.automount_service_account_token = Some(true);
-        automount.metadata.labels = None;
-        // The second opted in by its namespace, without labels of its own.
-        let namespace = [("podprobe.io/inject".to_owned(), "enabled".to_owned())].into();
-        let ctx = InjectContext {
-            namespace_labels: Some(&namespace),
-            ..Default::default()
-        };
-        for (pod, why) in [
-            (&bound, "spec.nodeName"),
-            (&automount, "automountServiceAccountToken"),
-        ] {
-            let injected = inject(pod, &config, &ctx);
-            let mut doc = serde_json::to_value(pod).unwrap();
-            crate::patch::apply(&mut doc, &injected.ops).unwrap();
-            let injected_pod: Pod = serde_json::from_value(doc).unwrap();
-            assert_eq!(issued_secret(&injected_pod), None);
-            assert!(injected_pod.spec.unwrap().scheduling_gates.is_none());
-            assert_eq!(
-                injected_pod
-                    .metadata
-                    .labels
-                    .unwrap()
-                    .get(LABEL)
-                    .map(String::as_str),
-                Some(super::super::PROJECTED),
-                "{why}"
-            );
-            assert_eq!(injected.warnings.len(), 1, "{why}");
-            assert!(
-                injected.warnings[0].contains(why),
-                "{}",
-                injected.warnings[0]
-            );
-        }
-
-        // An unbound pod gets an issued token, and no warning.
-        let mut unbound = bound.clone();
-        unbound.spec.as_mut().unwrap().node_name = None;
-        let injected = inject(&unbound, &config, &InjectContext::default());
-        assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
-    }
 }
