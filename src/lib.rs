@@ -31,3 +31,16 @@ pub mod probe;
 pub mod resource_version;
 pub mod runner;
 pub mod sidecar;
+
+/// Every import between this crate's modules points down: no two rooms (sibling modules, at
+/// any floor) import each other, directly or round a circle.
+#[cfg(test)]
+#[test]
+fn every_import_points_down() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let circles = testkit::rooms::circles(&src).unwrap();
+    assert!(
+        circles.is_empty(),
+        "modules importing back up: {circles:#?}"
+    );
+}

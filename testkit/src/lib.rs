@@ -23,6 +23,7 @@ pub mod journal;
 pub mod pod;
 pub mod port;
 pub mod real;
+pub mod rooms;
 pub mod wait;
 pub mod workspace;
 
