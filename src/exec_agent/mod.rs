@@ -26,11 +26,10 @@
 
 use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use tokio::net::UnixListener;
 use tokio::signal::unix::{SignalKind, signal};
@@ -39,6 +38,7 @@ use crate::probe::reaper;
 
 mod beside;
 mod cli;
+mod peer;
 mod server;
 mod serving;
 mod signals;
@@ -124,11 +124,14 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
         server::ServeFor::Parent
     };
     tokio::spawn(server::supervise(role, false));
-    match exit.wait().await {
-        Some(WaitStatus::Exited(_, code)) => ExitCode::from(code as u8),
-        Some(WaitStatus::Signaled(_, sig, _)) => ExitCode::from(128 + sig as u8),
-        other => {
-            eprintln!("podprobe agent: unexpected status of {program}: {other:?}");
+    let status = exit.wait().await;
+    match status.map(|s| (s.code(), s.signal())) {
+        // The exit code is a byte: the kernel keeps the low 8 bits of the command's.
+        Some((Some(code), _)) => ExitCode::from(code as u8),
+        // As a shell and tini report a death by a signal, real-time ones included.
+        Some((None, Some(signal))) => ExitCode::from(128u8.wrapping_add(signal as u8)),
+        _ => {
+            eprintln!("podprobe agent: unexpected status of {program}: {status:?}");
             ExitCode::FAILURE
         }
     }

@@ -136,10 +136,9 @@ pub(super) async fn supervise(role: ServeFor, mut announce: bool) {
                     tell_hook(line.as_deref().map(str::trim_end) == Some(READY));
                 }
                 drop(child);
-                format!(
-                    "the probe server (pid {pid}) ended ({:?})",
-                    exit.wait().await
-                )
+                let status = exit.wait().await;
+                let ended = status.map_or("status unknown".into(), |s| s.to_string());
+                format!("the probe server (pid {pid}) ended ({ended})")
             }
             Err(e) => {
                 if std::mem::take(&mut announce) {

@@ -11,6 +11,11 @@
 //! registration never dies with some other runtime). Statuses of pids registered by [`spawn`]
 //! are handed to the waiting attempt; all others are orphans and are dropped (counted).
 //!
+//! A status is kept raw, as the kernel gives it (`std::process::ExitStatus`), and decoded by
+//! whoever reads it, as tini and catatonit do: a decoder that knows only the named signals
+//! refuses a death by a real-time one after the zombie is gone, and the command's waiter then
+//! never hears of its end.
+//!
 //! **Invariant: podprobe spawns children only through [`spawn`].** The reaper waits for *any*
 //! child, so `tokio::process`, `std::process::Child::wait`/`output`/`status` must not be used
 //! anywhere in the process: their `waitpid(pid)` would race with ours and either lose the status
@@ -23,12 +28,13 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::process::{Child, Command};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use rustix::io::Errno;
+use rustix::process::{WaitOptions, wait};
 use tokio::sync::{oneshot, watch};
 
 /// How often to look for exited children when SIGCHLD cannot be listened to. When it can, the
@@ -40,7 +46,7 @@ const POLL_WITHOUT_SIGCHLD: Duration = Duration::from_millis(20);
 
 #[derive(Debug)]
 struct Reaper {
-    waiters: Mutex<HashMap<i32, oneshot::Sender<WaitStatus>>>,
+    waiters: Mutex<HashMap<i32, oneshot::Sender<ExitStatus>>>,
     orphans: watch::Sender<u64>,
 }
 
@@ -50,12 +56,12 @@ static STARTED: OnceLock<()> = OnceLock::new();
 /// The exit status of a child started by [`spawn`].
 #[derive(Debug)]
 pub struct ExitStatusFuture {
-    rx: oneshot::Receiver<WaitStatus>,
+    rx: oneshot::Receiver<ExitStatus>,
 }
 
 impl ExitStatusFuture {
     /// Waits for the child to terminate. `None` only if the reaper is gone (it never is).
-    pub async fn wait(self) -> Option<WaitStatus> {
+    pub async fn wait(self) -> Option<ExitStatus> {
         self.rx.await.ok()
     }
 }
@@ -82,7 +88,7 @@ impl Reaper {
         reaper
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<i32, oneshot::Sender<WaitStatus>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<i32, oneshot::Sender<ExitStatus>>> {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -91,11 +97,11 @@ impl Reaper {
         let mut waiters = self.lock();
         let mut orphans = 0u64;
         loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::StillAlive) => break,
-                Ok(status) => {
-                    let Some(pid) = status.pid() else { continue };
-                    let delivered = match waiters.remove(&pid.as_raw()) {
+            match wait(WaitOptions::NOHANG) {
+                Ok(None) => break,
+                Ok(Some((pid, status))) => {
+                    let status = ExitStatus::from_raw(status.as_raw());
+                    let delivered = match waiters.remove(&pid.as_raw_nonzero().get()) {
                         Some(tx) => tx.send(status).is_ok(),
                         None => false,
                     };
@@ -103,7 +109,7 @@ impl Reaper {
                         orphans += 1;
                     }
                 }
-                Err(Errno::EINTR) => continue,
+                Err(Errno::INTR) => continue,
                 // ECHILD: no children at all.
                 Err(_) => break,
             }

@@ -24,12 +24,11 @@
 //! - The child is waited for through [`reaper`], never with `Child::wait`.
 use std::io::{self, ErrorKind};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::process::CommandExt;
-use std::process::{ChildStderr, ChildStdout, Command, Stdio};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
-use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
@@ -202,29 +201,41 @@ fn capture_output(
 /// The kubelet's reading of an exited command: exit 0 succeeds with stdout as message, any
 /// other exit fails with stderr, a signal fails naming it.
 fn observe(
-    status: WaitStatus,
+    status: ExitStatus,
     stdout: &Capture,
     stderr: &Capture,
     argv: &[String],
 ) -> Result<Observation, AttemptError> {
-    Ok(match status {
-        WaitStatus::Exited(_, 0) => Observation::succeeded(stdout.text()),
-        WaitStatus::Exited(_, _) => Observation::failed(stderr.text()),
-        WaitStatus::Signaled(_, signal, _) => {
+    Ok(match (status.code(), status.signal()) {
+        (Some(0), _) => Observation::succeeded(stdout.text()),
+        (Some(_), _) => Observation::failed(stderr.text()),
+        (None, Some(signal)) => {
             let stderr = stderr.text();
-            let mut message = format!("command terminated by signal {}", signal.as_str());
+            let mut message = format!("command terminated by signal {}", signal_name(signal));
             if !stderr.is_empty() {
                 message.push_str(": ");
                 message.push_str(&stderr);
             }
             Observation::failed(message)
         }
-        other => {
+        (None, None) => {
             return Err(AttemptError::Other(format!(
-                "unexpected wait status {other:?} for {argv:?}"
+                "unexpected wait status {status:?} for {argv:?}"
             )));
         }
     })
+}
+
+/// A signal's name as `kill -l` gives it: `SIGTERM`, or `SIGRTMIN+3` for a real-time one
+/// (numbered from the C library's SIGRTMIN, as the agent and users number them).
+pub fn signal_name(signal: i32) -> String {
+    match nix::sys::signal::Signal::try_from(signal) {
+        Ok(named) => named.as_str().to_owned(),
+        Err(_) if signal >= nix::libc::SIGRTMIN() => {
+            format!("SIGRTMIN+{}", signal - nix::libc::SIGRTMIN())
+        }
+        Err(_) => format!("{signal}"),
+    }
 }
 
 /// SIGKILLs the process group when dropped while armed.
