@@ -114,29 +114,17 @@ async fn answer(mut stream: UnixStream, attempts: &Semaphore) {
 
 /// Why the asker may not run commands here, if it may not: a process of the agent's own
 /// container, which would otherwise run commands with the agent's user and capabilities (a
-/// server that dropped root regaining it). As its container's first process, or beside the
-/// container's own process, the agent sees the pid of every process of its own container and
-/// none (0) of one in a PID namespace it does not share, such as the sidecar's; of a process it
-/// sees, its cgroup says whether it is of this container (in a namespace the containers share,
-/// the sidecar's cgroup is its own). Started by a process of its own namespace (by hand, a
-/// test), the agent cannot tell where its container ends and asks nothing (`guarded` false).
+/// server that dropped root regaining it), or one the agent cannot tell apart from those
+/// ([`super::peer`]). Started by a process of its own namespace (by hand, a test), the agent
+/// cannot tell where its container ends and asks nothing (`guarded` false).
 fn refused_peer(stream: &UnixStream, guarded: bool) -> Option<String> {
     if !guarded {
         return None;
     }
-    let pid = match stream.peer_cred() {
-        Ok(cred) => cred.pid().filter(|pid| *pid > 0)?,
-        Err(e) => return Some(format!("the exec agent cannot tell who asks: {e}")),
-    };
-    let cgroup = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok();
-    let own = cgroup("self");
-    if own.is_some() && cgroup(&pid.to_string()) != own {
-        return None;
+    match super::peer::verdict(stream) {
+        super::peer::Verdict::Answer => None,
+        super::peer::Verdict::Refuse(why) => Some(why),
     }
-    Some(format!(
-        "the exec agent refused pid {pid} of its own container: it runs commands for the \
-         podprobe sidecar only"
-    ))
 }
 
 /// The requested timeout, at most the protocol's.
