@@ -161,7 +161,8 @@ mod tests {
             "metadata": {"name": "gs-0", "namespace": namespace, "uid": "u-1", "labels": labels},
             "spec": {"nodeName": node, "containers": [{"name": "main"}]},
             "status": {"phase": "Running",
-                       "conditions": [{"type": "Initialized", "status": initialized}]},
+                       "conditions": [{"type": "Initialized", "status": initialized},
+                                      {"type": "game.kruise.io/healthy", "status": "False"}]},
         }))
         .unwrap();
         CachedPod::from(pod)
@@ -183,12 +184,19 @@ mod tests {
         let pods = [
             cached("test", app("game"), Some("vk-1"), "True"),
             cached("test", app("game"), Some("node-1"), "True"),
+            // A failing probe and the marker it left: still matched.
+            cached(
+                "test",
+                json!({"app": "game", "server-healthy": "false"}),
+                Some("vk-1"),
+                "True",
+            ),
             cached("test", app("other"), Some("vk-1"), "True"),
             cached("other", app("game"), Some("vk-1"), "True"),
             cached("test", app("game"), None, "True"),
             cached("test", app("game"), Some("vk-1"), "False"),
         ];
-        assert_eq!(matched_pods(&game, pods.iter()), 2);
+        assert_eq!(matched_pods(&game, pods.iter()), 3);
         let everything = ppm(json!({}));
         assert_eq!(
             matched_pods(&everything, pods.iter()),

@@ -703,7 +703,7 @@ fn a_pod_that_asks_for_the_token_everywhere_keeps_it() {
 mod with_the_issuer {
     use super::*;
     use crate::sidecar_token::decide::{issued_secret, release_patch};
-    use crate::sidecar_token::{GATE, LABEL, PENDING, PROJECTED, REFUSED};
+    use crate::sidecar_token::{GATE, ISSUER_LABEL, LABEL, PENDING, PROJECTED, REFUSED};
     use kube::api::Patch;
     use serde_json::json;
 
@@ -749,6 +749,8 @@ mod with_the_issuer {
         );
         let labels = pod.metadata.labels.as_ref().unwrap();
         assert_eq!(labels.get(LABEL).map(String::as_str), Some(PENDING));
+        let issuer = labels.get(ISSUER_LABEL).map(String::as_str);
+        assert_eq!(issuer, Some("manager-0"), "the replica that admitted it");
         assert_eq!(gates(&pod), ["other.io/gate", GATE]);
 
         let out = released(&pod, "u-1", Value::Null).unwrap();

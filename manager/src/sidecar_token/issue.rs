@@ -275,12 +275,15 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, IssueErro
     let secret = issued_secret(&pod);
     let written = match &secret {
         Some(_) if ctx.written.lock().contains_key(&oref) => Ok(()),
-        Some(secret) => write_token(&ctx, &pod, id, secret).await,
+        Some(secret) => {
+            let written = write_token(&ctx, &pod, id, secret).await;
+            if written.is_ok() {
+                ctx.written.lock().insert(oref.clone(), ());
+            }
+            written
+        }
         None => Ok(()),
     };
-    if written.is_ok() && secret.is_some() {
-        ctx.written.lock().insert(oref.clone(), ());
-    }
     match verdict(&pod, secret, written, Timestamp::now()) {
         Verdict::Release(outcome) => release(&ctx, &pod, id, &oref, outcome).await,
         Verdict::LookAgainTaken => Err(IssueError::Taken {
