@@ -9,7 +9,9 @@
 //! - An attempt's timeout is at most the protocol's 300 s, whatever the request says.
 //! - An attempt whose asker hangs up (the sidecar restarted or gave up) is stopped: its
 //!   command's process group is killed, as at a timeout.
-//! - A process of the agent's own container is refused ([`refused_peer`]).
+//! - A process of the agent's own container is refused ([`refused_peer`]), told apart before
+//!   it holds a connection: at most [`MAX_REFUSALS`] refused askers wait, each at most
+//!   [`REFUSAL_DEADLINE`], for their request and their answer; others are closed unread.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,41 +33,55 @@ const MAX_REQUEST_BYTES: u64 = 64 << 10;
 /// How long a connection may take to send its request.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Refused askers answered at once: each waits at most [`REFUSAL_DEADLINE`] for its request;
+/// another is closed unread.
+const MAX_REFUSALS: usize = 4;
+/// How long a refused asker may take to send its request before it is closed unread.
+const REFUSAL_DEADLINE: Duration = Duration::from_secs(1);
+
 /// Serves until the process ends; `guarded`: the processes of the agent's own container can be
-/// told from others ([`refused_peer`]).
+/// told from others ([`refused_peer`]). Who asks is told first, so a refused asker never holds
+/// one of the connections the sidecar's attempts need: a process of the container that opens
+/// connection after connection only fills the few places of the refused.
 pub(super) async fn serve(listener: UnixListener, guarded: bool) {
     let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS));
     let attempts = Arc::new(Semaphore::new(MAX_ATTEMPTS));
-    let (mut refused, mut strangers) = (Refusals::default(), Refusals::default());
+    let (mut full, mut strangers) = (Refusals::default(), Refusals::default());
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => match connections.clone().try_acquire_owned() {
-                Ok(held) => {
-                    let refusal = refused_peer(&stream, guarded);
-                    if let Some(message) = &refusal {
-                        // Said once: a process that asks again and again must not fill the
-                        // game's log.
-                        strangers.say(format_args!("podprobe agent: {message}"));
-                    }
-                    let attempts = attempts.clone();
-                    tokio::spawn(async move {
-                        match refusal {
-                            Some(message) => refuse(stream, message).await,
-                            None => answer(stream, &attempts).await,
-                        }
-                        drop(held);
-                    });
-                }
-                Err(_) => refused.say(format_args!(
-                    "podprobe agent: {MAX_CONNECTIONS} probe connections are open already; \
-                     closed another unread"
-                )),
-            },
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
             Err(e) => {
                 tracing::warn!("podprobe agent: accepting a probe connection failed: {e}");
                 // EMFILE and the like: give what holds descriptors a moment to let go.
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
+        };
+        if let Some(message) = refused_peer(&stream, guarded) {
+            // Said once: a process that asks again and again must not fill the game's log.
+            strangers.say(format_args!("podprobe agent: {message}"));
+            // With every place taken, closed unread: the refusal was said already.
+            if let Ok(held) = refusals.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    refuse(stream, message).await;
+                    drop(held);
+                });
+            }
+            continue;
+        }
+        match connections.clone().try_acquire_owned() {
+            Ok(held) => {
+                let attempts = attempts.clone();
+                tokio::spawn(async move {
+                    answer(stream, &attempts).await;
+                    drop(held);
+                });
+            }
+            Err(_) => full.say(format_args!(
+                "podprobe agent: {MAX_CONNECTIONS} probe connections are open already; \
+                 closed another unread"
+            )),
         }
     }
 }
@@ -74,7 +90,7 @@ pub(super) async fn serve(listener: UnixListener, guarded: bool) {
 /// meet a closed socket).
 async fn refuse(mut stream: UnixStream, message: String) {
     let read = read_line_within::<Request>(&mut stream, MAX_REQUEST_BYTES);
-    let _ = tokio::time::timeout(REQUEST_DEADLINE, read).await;
+    let _ = tokio::time::timeout(REFUSAL_DEADLINE, read).await;
     let _ = write_line(&mut stream, &Response::Error { message }).await;
 }
 
