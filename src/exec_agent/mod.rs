@@ -113,11 +113,10 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
         socket.display()
     );
     // Serving runs in a process of its own: nothing it does can stop this one. The container's
-    // first process (PID 1, or in a pod that shares its process namespace, where `pause` is
-    // PID 1, a process whose parent, the runtime, is outside the namespace) sees its container
-    // as a cgroup of its own, so its server refuses the container's processes. Started by a
-    // process of its own namespace (by hand, a test), it cannot tell where its container ends.
-    let first_of_container = init || nix::unistd::getppid().as_raw() == 0;
+    // first process sees its container as a cgroup of its own, so its server refuses the
+    // container's processes. Started by a process of its own container (by hand, a test), it
+    // cannot tell where its container ends.
+    let first_of_container = init || parent_outside_container();
     let role = if first_of_container {
         server::ServeFor::Init
     } else {
@@ -134,6 +133,23 @@ pub async fn run(socket: &Path, termination_log: &Path, command: &[String]) -> E
             eprintln!("podprobe agent: unexpected status of {program}: {status:?}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Whether this process's parent is outside its container, so that this is the container's
+/// first process: a parent outside its PID namespace (the runtime, seen as pid 0, in a pod
+/// that shares its process namespace, where `pause` is PID 1), or of another cgroup (the
+/// runtime's shim, seen in a pod on the host's PID namespace). A parent whose cgroup cannot be
+/// read counts as outside: the server then refuses the container's processes rather than
+/// answer them.
+fn parent_outside_container() -> bool {
+    let parent = nix::unistd::getppid().as_raw();
+    if parent == 0 {
+        return true;
+    }
+    match (peer::cgroup(&parent.to_string()), peer::cgroup("self")) {
+        (Some(theirs), Some(own)) => theirs != own,
+        _ => true,
     }
 }
 

@@ -39,7 +39,8 @@ fn pidfd_pid(pidfd: &OwnedFd) -> Result<i32, String> {
         .ok_or_else(|| format!("{fdinfo} names no pid"))
 }
 
-fn cgroup(pid: &str) -> Option<String> {
+/// The cgroups of `pid` (`self`, or a number), as `/proc` gives them.
+pub(super) fn cgroup(pid: &str) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
 }
 
