@@ -50,6 +50,16 @@ impl Agent {
     /// Starts the agent in a fresh directory (the shared volume, also its working directory's
     /// parent), with `FOO` in its environment, after `adjust` had its say.
     async fn start_with(command: &[&str], adjust: impl FnOnce(&mut Command)) -> Agent {
+        Agent::start_in(None, command, adjust).await
+    }
+
+    /// [`Agent::start_with`], the agent moved into `cgroup` (a directory of a cgroup
+    /// hierarchy) before it starts, as a runtime puts a container's first process.
+    async fn start_in(
+        cgroup: Option<&Path>,
+        command: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> Agent {
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path().join("work");
         std::fs::create_dir(&work).unwrap();
@@ -70,7 +80,17 @@ impl Agent {
             installed.wait().await.is_some_and(|s| s.success()),
             "podprobe install-agent failed"
         );
-        let mut agent = Command::new(&binary);
+        let mut agent = match cgroup {
+            None => Command::new(&binary),
+            Some(cgroup) => {
+                let mut moved = Command::new("sh");
+                moved
+                    .args(["-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
+                    .arg(cgroup)
+                    .arg(&binary);
+                moved
+            }
+        };
         agent
             .args(["agent", "--socket"])
             .arg(&socket)
@@ -1010,6 +1030,110 @@ signal.sigwait({signal.SIGTERM})
     assert_eq!(
         agent.stopped_by(libc_signal(Signal::SIGTERM)).await,
         Some(0)
+    );
+}
+
+/// A cgroup of its own for a test's agent, in the hierarchy that holds this process (the
+/// unified one where it is the only one, else `pids`), removed when dropped.
+struct OwnCgroup(PathBuf);
+
+impl OwnCgroup {
+    fn new(name: &str) -> OwnCgroup {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let unified_only = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let (root, line) = if unified_only {
+            ("/sys/fs/cgroup", "0::")
+        } else {
+            ("/sys/fs/cgroup/pids", ":pids:")
+        };
+        let path = own
+            .lines()
+            .find_map(|l| l.split_once(line).map(|(_, path)| path))
+            .unwrap_or_else(|| panic!("no {line} line in this process's cgroups: {own}"));
+        let dir = Path::new(root)
+            .join(path.trim_start_matches('/'))
+            .join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create the cgroup {}: {e}", dir.display()));
+        OwnCgroup(dir)
+    }
+}
+
+impl Drop for OwnCgroup {
+    /// Kills what is left in it and removes it once the reaper has collected them (a cgroup
+    /// with a process in it, a zombie included, cannot be removed).
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|p| p.parse().ok()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let deadline = std::time::Instant::now() + 10 * SEC;
+        while std::fs::remove_dir(&self.0).is_err() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// Refused askers cannot starve the sidecar: a process of the container that opens connection
+/// after connection and sends nothing holds none of the places the sidecar's attempts need.
+/// (Refused askers used to hold one of the 64 connections each for 10 s.)
+#[tokio::test]
+async fn as_pid_1_refused_askers_leave_the_sidecar_its_connections() {
+    let hog = "import os, pathlib, socket, time\n\
+               d = pathlib.Path('{dir}')\n\
+               while not (d / 'agent.sock').exists():\n    time.sleep(0.01)\n\
+               held = []\n\
+               for _ in range(200):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(str(d / 'agent.sock'))\n    held.append(s)\n\
+               (d / 'ready').touch()\n\
+               time.sleep(3600)\n";
+    let agent = InitAgent::start(&["python3", "-c", hog]).await;
+    let socket = agent.dir.path().join("agent.sock");
+    assert_eq!(
+        ask(&socket, &["printf", "still served"]).await,
+        Response::Observed {
+            outcome: Outcome::Succeeded,
+            message: "still served".into()
+        },
+        "{}",
+        agent.log()
+    );
+}
+
+/// In a pod on the host's PID namespace (`hostPID`) the agent is not PID 1, and its parent,
+/// the runtime's shim, is a process it sees, of another cgroup than the container's: the
+/// agent still knows it is its container's first process and refuses the container's
+/// processes, while a process of another cgroup (the sidecar's place) is answered. Here the
+/// agent runs in a cgroup of its own, started by this test from its own.
+#[tokio::test]
+async fn on_the_hosts_pid_namespace_the_agent_refuses_its_containers_processes() {
+    let cgroup = OwnCgroup::new("podprobe-host-pid");
+    let asker = "import json, os, pathlib, socket, sys, time\n\
+                 path = sys.argv[1]\n\
+                 while not os.path.exists(path):\n    time.sleep(0.01)\n\
+                 s = socket.socket(socket.AF_UNIX)\n\
+                 s.connect(path)\n\
+                 s.sendall(json.dumps({'command': ['id', '-u'], 'timeoutMillis': 5000}).encode() + b'\\n')\n\
+                 pathlib.Path('answer.tmp').write_bytes(s.makefile('rb').readline())\n\
+                 os.rename('answer.tmp', 'answer')\n\
+                 time.sleep(3600)\n";
+    // The command's working directory is the volume's `work`; its socket is beside it.
+    let relative = format!("../{CONTAINER}/agent.sock");
+    let command = ["python3", "-c", asker, relative.as_str()];
+    let agent = Agent::start_in(Some(&cgroup.0), &command, |_| {}).await;
+    let answer = agent.volume().join("work/answer");
+    until_exists(&answer, "the container's asker's answer").await;
+    let answer = std::fs::read_to_string(&answer).unwrap();
+    assert!(
+        answer.contains("refused pid") && answer.contains("own container"),
+        "{answer}"
+    );
+    let socket = socket_path(&agent.volume(), CONTAINER);
+    assert_eq!(
+        ask(&socket, &["printf", "from another cgroup"]).await,
+        Response::Observed {
+            outcome: Outcome::Succeeded,
+            message: "from another cgroup".into()
+        }
     );
 }
 
