@@ -1099,6 +1099,38 @@ async fn as_pid_1_refused_askers_leave_the_sidecar_its_connections() {
     );
 }
 
+/// When the container runs out of memory the probes go first: the probe server and the
+/// commands it runs have the highest OOM score, the container's command keeps its own.
+#[tokio::test]
+async fn the_probe_server_and_its_commands_go_first_when_memory_runs_out() {
+    let agent = InitAgent::start(&[
+        "python3",
+        "-c",
+        "import pathlib, time; pathlib.Path('{dir}/ready').touch(); time.sleep(3600)",
+    ])
+    .await;
+    let score = |pid: i32| {
+        let path = format!("/proc/{pid}/oom_score_adj");
+        std::fs::read_to_string(path).unwrap().trim().to_owned()
+    };
+    let own = score(std::process::id() as i32);
+    assert_eq!(score(probe_server(agent.pid)), "1000");
+    let command = child_with(agent.pid, "-c");
+    assert_eq!(
+        score(command),
+        own,
+        "the container's command keeps its score"
+    );
+    let socket = agent.dir.path().join("agent.sock");
+    assert_eq!(
+        ask(&socket, &["cat", "/proc/self/oom_score_adj"]).await,
+        Response::Observed {
+            outcome: Outcome::Succeeded,
+            message: "1000\n".into()
+        }
+    );
+}
+
 /// In a pod on the host's PID namespace (`hostPID`) the agent is not PID 1, and its parent,
 /// the runtime's shim, is a process it sees, of another cgroup than the container's: the
 /// agent still knows it is its container's first process and refuses the container's

@@ -182,6 +182,7 @@ pub async fn serve(socket: &Path, role: ServeFor, parent: Option<u32>) -> ExitCo
     if !bound_to(parent) {
         return ExitCode::FAILURE;
     }
+    first_to_go();
     let listener = match super::bind(socket) {
         Ok(listener) => listener,
         Err(e) => {
@@ -212,6 +213,20 @@ pub async fn serve(socket: &Path, role: ServeFor, parent: Option<u32>) -> ExitCo
     // can be told apart, and is refused.
     super::serving::serve(listener, role != ServeFor::Parent).await;
     ExitCode::SUCCESS
+}
+
+/// The most an OOM score may be raised: the first process the kernel kills.
+const OOM_SCORE_ADJ_MAX: &str = "1000";
+
+/// The server, and the probe commands it starts (they inherit it), go first when the container
+/// runs out of memory: a probe that leaks ends, not the game server the container is for. A
+/// process may raise its own score without privilege.
+fn first_to_go() {
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", OOM_SCORE_ADJ_MAX) {
+        tracing::warn!(
+            "podprobe agent: cannot make the probe server the first to go when the container runs out of memory ({e}); it shares the game server's OOM score"
+        );
+    }
 }
 
 /// Dies with the agent or supervisor that started it: asks the kernel for SIGKILL when the parent ends, then
