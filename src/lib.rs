@@ -37,10 +37,5 @@ pub mod sidecar;
 #[cfg(test)]
 #[test]
 fn every_import_points_down() {
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let circles = testkit::rooms::circles(&src).unwrap();
-    assert!(
-        circles.is_empty(),
-        "modules importing back up: {circles:#?}"
-    );
+    testkit::rooms::assert_every_import_points_down(env!("CARGO_MANIFEST_DIR"));
 }

@@ -101,6 +101,14 @@ pub fn circles(src: &Path) -> Result<Vec<Circle>, RoomsError> {
         .collect())
 }
 
+/// Asserts that the library crate at `manifest_dir` (its `CARGO_MANIFEST_DIR`) has no
+/// circle among sibling rooms, naming each circle and the files that close it.
+pub fn assert_every_import_points_down(manifest_dir: &str) {
+    let src = Path::new(manifest_dir).join("src");
+    let found = circles(&src).unwrap_or_else(|e| panic!("{e}"));
+    assert!(found.is_empty(), "modules importing back up: {found:#?}");
+}
+
 /// Every module file of the crate under `src` (not `main.rs` or `bin/`, which are crates of
 /// their own), by module path.
 fn module_files(src: &Path) -> Result<BTreeMap<ModulePath, PathBuf>, RoomsError> {
