@@ -32,7 +32,11 @@ const PORT: &str = "game.kruise.io/port-open";
 const HEALTHY: &str = "game.kruise.io/healthy";
 const TYPES: [&str; 3] = [IDLE, PORT, HEALTHY];
 const DELETION_COST: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// How long the probes' conditions and markers may take to settle after each step.
 const LIMIT: Duration = Duration::from_secs(90);
+/// How long the game pod may take to start, before the first step: on a loaded machine a
+/// pod's start (its init containers, the sidecar, the postStart hook) is not the probes'.
+const STARTUP: Duration = Duration::from_secs(180);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Executor {
@@ -244,6 +248,24 @@ async fn run(executor: Executor) -> Vec<Observed> {
     pods.create(&PostParams::default(), &game_pod())
         .await
         .unwrap();
+    let started = support::watch_until(&pods, POD, STARTUP, |p| {
+        let statuses = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref());
+        statuses.is_some_and(|all| {
+            all.iter()
+                .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        })
+    })
+    .await;
+    if started.is_none() {
+        let pod = pods.get(POD).await.unwrap();
+        panic!(
+            "{executor:?}: the pod's containers not running within {STARTUP:?}: {}",
+            describe(&pods, &pod).await
+        );
+    }
     let mut observed = Vec::new();
     for step in &STEPS {
         if let Some(script) = step.script {
@@ -261,9 +283,10 @@ async fn run(executor: Executor) -> Vec<Observed> {
         let Some(pod) = settled else {
             let pod = pods.get(POD).await.unwrap();
             panic!(
-                "{executor:?}, step {:?}: not settled within {LIMIT:?}: {:#?}\nkruise-manager:\n{}\n{}",
+                "{executor:?}, step {:?}: not settled within {LIMIT:?}: {:#?}\n{}\nkruise-manager:\n{}\n{}",
                 step.name,
                 observe(&pod),
+                describe(&pods, &pod).await,
                 cp.kruise_log_tail(30),
                 daemon.as_ref().map(|d| d.log_tail(30)).unwrap_or_default()
             );
@@ -274,6 +297,31 @@ async fn run(executor: Executor) -> Vec<Observed> {
     let leftovers = node.stop(&cp).await.unwrap();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     observed
+}
+
+/// The pod's phase, each container's state, and the sidecar's last log lines (if it has
+/// one): what a step that did not settle needs to be told apart from a pod that never ran.
+async fn describe(pods: &Api<Pod>, pod: &Pod) -> String {
+    let status = pod.status.as_ref();
+    let mut out = format!("phase {:?}\n", status.and_then(|s| s.phase.as_deref()));
+    let init = status.and_then(|s| s.init_container_statuses.as_ref());
+    let app = status.and_then(|s| s.container_statuses.as_ref());
+    for c in init.into_iter().chain(app).flatten() {
+        out.push_str(&format!(
+            "container {}: restarts {}, {:?}\n",
+            c.name, c.restart_count, c.state
+        ));
+    }
+    let sidecar = kube::api::LogParams {
+        container: Some("podprobe".into()),
+        tail_lines: Some(30),
+        ..Default::default()
+    };
+    match pods.logs(POD, &sidecar).await {
+        Ok(log) => out.push_str(&format!("sidecar log:\n{log}")),
+        Err(e) => out.push_str(&format!("no sidecar log: {e}\n")),
+    }
+    out
 }
 
 /// The differences docs/kruise-compatibility.md lists ("Beside kruise-daemon"), as rules over
