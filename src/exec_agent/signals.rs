@@ -61,14 +61,7 @@ pub(super) fn send(pid: Pid, sig: i32) {
 
 /// `SIGTERM`, `SIGRTMIN+3`: as `kill -l` and the kubelet's `stopSignal` name them.
 pub(super) fn name(sig: i32) -> String {
-    let (min, max) = (libc::SIGRTMIN(), libc::SIGRTMAX());
-    match nix::sys::signal::Signal::try_from(sig) {
-        Ok(named) => named.as_str().to_owned(),
-        Err(_) if sig == min => "SIGRTMIN".to_owned(),
-        Err(_) if sig == max => "SIGRTMAX".to_owned(),
-        Err(_) if sig > min && sig < max => format!("SIGRTMIN+{}", sig - min),
-        Err(_) => format!("signal {sig}"),
-    }
+    crate::probe::exec::signal_name(sig)
 }
 
 /// Whether `pid`, as its namespace's PID 1, would receive `sig` (the module's rule).

@@ -226,15 +226,17 @@ fn observe(
     })
 }
 
-/// A signal's name as `kill -l` gives it: `SIGTERM`, or `SIGRTMIN+3` for a real-time one
-/// (numbered from the C library's SIGRTMIN, as the agent and users number them).
+/// A signal's name as `kill -l` and the kubelet's `stopSignal` give it: `SIGTERM`, or
+/// `SIGRTMIN+3` for a real-time one (numbered from the C library's SIGRTMIN, as the exec agent
+/// and users number them).
 pub fn signal_name(signal: i32) -> String {
+    let (min, max) = (nix::libc::SIGRTMIN(), nix::libc::SIGRTMAX());
     match nix::sys::signal::Signal::try_from(signal) {
         Ok(named) => named.as_str().to_owned(),
-        Err(_) if signal >= nix::libc::SIGRTMIN() => {
-            format!("SIGRTMIN+{}", signal - nix::libc::SIGRTMIN())
-        }
-        Err(_) => format!("{signal}"),
+        Err(_) if signal == min => "SIGRTMIN".to_owned(),
+        Err(_) if signal == max => "SIGRTMAX".to_owned(),
+        Err(_) if signal > min && signal < max => format!("SIGRTMIN+{}", signal - min),
+        Err(_) => format!("signal {signal}"),
     }
 }
 
