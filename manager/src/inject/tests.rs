@@ -265,6 +265,12 @@ fn plain_container_when_cluster_lacks_native_sidecars_and_appends_to_existing_ar
     assert_eq!(inits, ["init", "podprobe"]);
 }
 
+/// The condition types an injected pod's spec gates readiness on, in order.
+fn gate_types(spec: PodSpec) -> Vec<String> {
+    let gates = spec.readiness_gates.unwrap_or_default();
+    gates.into_iter().map(|g| g.condition_type).collect()
+}
+
 #[test]
 fn readiness_gates_only_for_chosen_conditions_the_pod_probes() {
     let types = vec!["game.io/healthy".to_string(), "game.io/idle".to_string()];
@@ -276,12 +282,7 @@ fn readiness_gates_only_for_chosen_conditions_the_pod_probes() {
     c.readiness_gates = vec!["game.io/healthy".into(), "game.io/absent".into()];
     let mut p = pod(ENABLED);
     let out = applied(&p, &inject_ops(&p, &c, &ctx)).spec.unwrap();
-    let gates: Vec<String> = out
-        .readiness_gates
-        .unwrap()
-        .into_iter()
-        .map(|g| g.condition_type)
-        .collect();
+    let gates = gate_types(out);
     assert_eq!(gates, ["game.io/healthy"]);
 
     c.readiness_gates = vec!["*".into()];
@@ -289,12 +290,7 @@ fn readiness_gates_only_for_chosen_conditions_the_pod_probes() {
         condition_type: "game.io/idle".into(),
     }]);
     let out = applied(&p, &inject_ops(&p, &c, &ctx)).spec.unwrap();
-    let gates: Vec<String> = out
-        .readiness_gates
-        .unwrap()
-        .into_iter()
-        .map(|g| g.condition_type)
-        .collect();
+    let gates = gate_types(out);
     assert_eq!(gates, ["game.io/idle", "game.io/healthy"]);
 }
 
