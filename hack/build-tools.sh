@@ -47,12 +47,14 @@ helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
 
 # One `go build` per call: packages compiled once per library tree (the Go build cache shares a
 # package only between builds with identical sources and dependencies: hack/README.md), links in
-# parallel. Each call's wall time goes to $times, which hack/setup-tests.sh prints.
+# parallel. Each call's wall time goes to $times, which hack/setup-tests.sh prints. The
+# compiler writes no DWARF (-dwarf=false): the linker strips it anyway (-s -w), and generating
+# it was 15 % of a cold tree's CPU (hack/README.md).
 build() { # module dir, label, ldflags, output (a file, or a directory for several), [-tags T], packages...
   local dir="$1" label="$2" ldflags="$3" out="$4" t0=$SECONDS
   shift 4
   echo "podprobe tools: go build $* in hack/$dir (cold: minutes on 2 cores)" >&2
-  (cd "$hack/$dir" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "$ldflags" \
+  (cd "$hack/$dir" && GOFLAGS=-mod=readonly go build -trimpath -gcflags=all=-dwarf=false -ldflags "$ldflags" \
     -o "$out" "$@") >&2
   printf '%s\t%s\t%s\n' "$((SECONDS - t0))" "$dir" "$label" >>"$times"
 }
