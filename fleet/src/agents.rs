@@ -127,7 +127,7 @@ impl Agents {
             // Before its socket exists, so before any probe: every probe command it runs
             // counts (its game server may have started outside the group; it sleeps).
             cpu.add(pid)?;
-            sockets.push(socket);
+            sockets.push((socket, pid));
         }
         agents.wait_for(&sockets).await?;
         // Each agent serves from a probe server it starts as its child, which may have
@@ -151,21 +151,24 @@ impl Agents {
         }
     }
 
-    async fn wait_for(&mut self, sockets: &[PathBuf]) -> Result<(), FleetError> {
+    /// Waits for each agent's socket: (socket, the agent's pid).
+    async fn wait_for(&mut self, sockets: &[(PathBuf, u32)]) -> Result<(), FleetError> {
         let limit = Duration::from_secs(30) + Duration::from_millis(20 * sockets.len() as u64);
         let started = Instant::now();
         let mut missing = sockets.to_vec();
         loop {
-            missing.retain(|s| !s.exists());
+            missing.retain(|(s, _)| !s.exists());
             if missing.is_empty() {
                 return Ok(());
             }
             self.check_running()?;
             if started.elapsed() > limit {
+                let (socket, pid) = &missing[0];
                 return Err(FleetError::Setup(format!(
-                    "{} agents had no socket after {limit:?}, e.g. {}",
+                    "{} agents had no socket after {limit:?}, e.g. {} (agent pid {pid}); its log ends:\n{}",
                     missing.len(),
-                    missing[0].display()
+                    socket.display(),
+                    self.children.log_tail(*pid, 10)
                 )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -41,6 +41,14 @@ impl Children {
         self.list.iter().map(Daemon::pid).collect()
     }
 
+    /// The last `lines` lines of the log of the one with `pid`, for error messages.
+    pub fn log_tail(&self, pid: u32, lines: usize) -> String {
+        self.list
+            .iter()
+            .find(|d| d.pid() == pid)
+            .map_or_else(String::new, |d| d.log_tail(lines))
+    }
+
     /// Fails when one has exited.
     pub fn check_running(&mut self) -> Result<(), FleetError> {
         for daemon in &mut self.list {
