@@ -960,10 +960,7 @@ async fn as_pid_1_the_agent_refuses_a_process_of_its_own_container() {
     let socket = agent.dir.path().join("agent.sock");
     assert_eq!(
         ask(&socket, &["printf", "from outside"]).await,
-        Response::Observed {
-            outcome: Outcome::Succeeded,
-            message: "from outside".into()
-        }
+        succeeded("from outside")
     );
     assert_eq!(
         agent.stopped_by(libc_signal(Signal::SIGTERM)).await,
@@ -1090,10 +1087,7 @@ async fn as_pid_1_refused_askers_leave_the_sidecar_its_connections() {
     let socket = agent.dir.path().join("agent.sock");
     assert_eq!(
         ask(&socket, &["printf", "still served"]).await,
-        Response::Observed {
-            outcome: Outcome::Succeeded,
-            message: "still served".into()
-        },
+        succeeded("still served"),
         "{}",
         agent.log()
     );
@@ -1124,10 +1118,7 @@ async fn the_probe_server_and_its_commands_go_first_when_memory_runs_out() {
     let socket = agent.dir.path().join("agent.sock");
     assert_eq!(
         ask(&socket, &["cat", "/proc/self/oom_score_adj"]).await,
-        Response::Observed {
-            outcome: Outcome::Succeeded,
-            message: "1000\n".into()
-        }
+        succeeded("1000\n")
     );
 }
 
@@ -1162,10 +1153,7 @@ async fn on_the_hosts_pid_namespace_the_agent_refuses_its_containers_processes()
     let socket = socket_path(&agent.volume(), CONTAINER);
     assert_eq!(
         ask(&socket, &["printf", "from another cgroup"]).await,
-        Response::Observed {
-            outcome: Outcome::Succeeded,
-            message: "from another cgroup".into()
-        }
+        succeeded("from another cgroup")
     );
 }
 
@@ -1220,10 +1208,7 @@ async fn in_a_shared_process_namespace_the_agent_still_refuses_its_containers_pr
     );
     assert_eq!(
         ask(&dir.join("agent.sock"), &["printf", "from outside"]).await,
-        Response::Observed {
-            outcome: Outcome::Succeeded,
-            message: "from outside".into()
-        }
+        succeeded("from outside")
     );
 }
 
@@ -1263,10 +1248,7 @@ async fn beside_the_containers_own_process_the_hook_returns_once_the_agent_serve
     let socket = game.dir.path().join("agent.sock");
     assert_eq!(
         ask(&socket, &["cat", "/proc/1/comm"]).await,
-        Response::Observed {
-            outcome: Outcome::Succeeded,
-            message: "python3\n".into()
-        }
+        succeeded("python3\n")
     );
     // SIGTERM to PID 1 is the game's alone: its exit code is the container's.
     assert_eq!(game.stopped_by(libc_signal(Signal::SIGTERM)).await, Some(3));
@@ -1309,10 +1291,7 @@ async fn beside_the_entrypoint_a_probe_server_that_dies_is_started_again() {
                 raise SystemExit(3)\n";
     let game = InitAgent::start_as_pid_1(&["python3", "-c", game]).await;
     let socket = game.dir.path().join("agent.sock");
-    let answered = Response::Observed {
-        outcome: Outcome::Succeeded,
-        message: "up".into(),
-    };
+    let answered = succeeded("up");
     assert_eq!(ask(&socket, &["printf", "up"]).await, answered);
 
     // The hook is gone; its supervisor is the game's (PID 1's) adopted child.
@@ -1328,6 +1307,14 @@ async fn beside_the_entrypoint_a_probe_server_that_dies_is_started_again() {
 }
 
 /// One request on `socket` from this process (the sidecar's place): the agent's answer.
+/// The agent's answer for a command that succeeded with `message` on its stdout.
+fn succeeded(message: &str) -> Response {
+    Response::Observed {
+        outcome: Outcome::Succeeded,
+        message: message.into(),
+    }
+}
+
 async fn ask(socket: &Path, argv: &[&str]) -> Response {
     let mut stream = tokio::net::UnixStream::connect(socket).await.unwrap();
     let request = Request {
@@ -1351,10 +1338,7 @@ async fn a_probe_server_that_crashes_or_hangs_never_stops_the_command() {
     .await;
     let socket = agent.dir.path().join("agent.sock");
     agent.until_logged("serving exec probes on").await;
-    let answered = Response::Observed {
-        outcome: Outcome::Succeeded,
-        message: "up".into(),
-    };
+    let answered = succeeded("up");
     assert_eq!(ask(&socket, &["printf", "up"]).await, answered);
 
     let crashed = probe_server(agent.pid);
