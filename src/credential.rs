@@ -5,13 +5,14 @@
 //! token at 80 % of its lifetime. Its lifetime is what the manager asked (a year by default)
 //! or less where the apiserver caps it (`--service-account-max-token-expiration`; 90 days on
 //! some clusters), so a game server that outlives it would lose its conditions. So the sidecar
-//! renews it itself, as the kubelet would: at 80 % of its lifetime it asks the apiserver for a
-//! new token of its own service account, bound to its own pod, with the same lifetime (a
-//! TokenRequest, which the chart's admission policy confines to the requester's own pod), and
-//! writes it into a directory of the pod (an `emptyDir`), where its client reads it (kube-rs
-//! reads a token file again every minute). The directory outlives a restart of the container,
-//! so a restarted sidecar takes the newest token it holds, the renewed one or the Secret's.
-//! None of it needs podprobe-manager.
+//! renews it itself, as the kubelet would: at 80 % of its lifetime or a day after it was issued,
+//! whichever comes first, up to 10 s earlier at random, it asks the apiserver for a new token
+//! of its own service account, bound to its own pod, with the same lifetime (a TokenRequest,
+//! which the chart's admission policy confines to the requester's own pod), and writes it into
+//! a directory of the pod (an `emptyDir`), where its client reads it (kube-rs reads a token
+//! file again every minute). The directory outlives a restart of the container, so a restarted
+//! sidecar takes the newest token it holds, the renewed one or the Secret's. None of it needs
+//! podprobe-manager.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -31,6 +32,16 @@ use crate::metrics::Metrics;
 pub const TOKEN_FILE: &str = "token";
 /// The share of a token's lifetime after which it is renewed (the kubelet's).
 const RENEW_AT: f64 = 0.8;
+/// The age at which a token is renewed whatever its lifetime (the kubelet's `maxTTL`): a
+/// year-long token is replaced daily, as a projected one would be.
+const MAX_AGE: jiff::SignedDuration = jiff::SignedDuration::from_hours(24);
+/// A renewal comes due up to this much early, drawn anew for each token (the kubelet's
+/// `maxJitter`): sidecars whose tokens were issued in the same second renew apart.
+pub const MAX_JITTER: Duration = Duration::from_secs(10);
+/// The longest a wait for a renewal trusts its timer before it reads the wall clock again. The
+/// token's times are the wall clock's, and a timer does not count the time a machine spent
+/// suspended: a single long sleep could wake after the token expired.
+const RECHECK: Duration = Duration::from_secs(60);
 /// The longest wait between two attempts at a renewal the apiserver refused.
 const MAX_RETRY: Duration = Duration::from_secs(300);
 
@@ -111,10 +122,16 @@ impl Claims {
         })
     }
 
-    /// When this token is due for renewal: at [`RENEW_AT`] of its lifetime.
+    /// When this token is due for renewal before any jitter: at [`RENEW_AT`] of its lifetime
+    /// or [`MAX_AGE`] after it was issued, whichever comes first (the kubelet's rule).
     pub fn renew_at(&self) -> Timestamp {
         let lifetime = self.expires.duration_since(self.issued);
-        self.issued + lifetime.mul_f64(RENEW_AT)
+        (self.issued + lifetime.mul_f64(RENEW_AT)).min(self.issued + MAX_AGE)
+    }
+
+    /// [`Claims::renew_at`], `jitter` earlier.
+    fn renew_at_jittered(&self, jitter: Duration) -> Timestamp {
+        self.renew_at() - jitter
     }
 
     fn lifetime_seconds(&self) -> i64 {
@@ -202,7 +219,7 @@ pub async fn renew(
     shutdown: CancellationToken,
 ) {
     loop {
-        let due = renewal.claims.renew_at();
+        let due = renewal.claims.renew_at_jittered(jitter());
         metrics.token(&renewal.claims.service_account, renewal.claims.expires, due);
         tracing::info!(
             expires = %renewal.claims.expires,
@@ -210,10 +227,11 @@ pub async fn renew(
             renewal.claims.expires
         );
         // Past due (a restart late in the token's life): at once.
-        let wait = Duration::try_from(Timestamp::now().duration_until(due)).unwrap_or_default();
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(wait) => {}
+        while let Some(wait) = wait_before(Timestamp::now(), due) {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
         }
         let mut retries = backon::ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
@@ -238,6 +256,20 @@ pub async fn renew(
             }
         };
     }
+}
+
+/// A random share of [`MAX_JITTER`].
+fn jitter() -> Duration {
+    MAX_JITTER.mul_f64(rand::random::<f64>())
+}
+
+/// How long to sleep at `now` before looking again whether `due` has come: `None` once it has,
+/// and never longer than [`RECHECK`].
+fn wait_before(now: Timestamp, due: Timestamp) -> Option<Duration> {
+    Duration::try_from(now.duration_until(due))
+        .ok()
+        .filter(|left| !left.is_zero())
+        .map(|left| left.min(RECHECK))
 }
 
 async fn renew_once(client: &Client, renewal: &Renewal) -> Result<Renewal, CredentialError> {
@@ -298,6 +330,37 @@ mod tests {
             Claims::of("not-a-jwt"),
             Err(CredentialError::Claims(_))
         ));
+    }
+
+    #[test]
+    fn a_token_is_renewed_a_day_after_it_was_issued_whatever_its_lifetime() {
+        const DAY: i64 = 24 * 3600;
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        // An hour: at 80 % of it. Two days: at one day, not at 80 % (38.4 hours).
+        let hour = Claims::of(&token(1_000, 1_000 + 3_600, "u-1")).unwrap();
+        assert_eq!(hour.renew_at(), at(1_000 + 2_880));
+        let two_days = Claims::of(&token(1_000, 1_000 + 2 * DAY, "u-1")).unwrap();
+        assert_eq!(two_days.renew_at(), at(1_000 + DAY));
+        // Jitter only ever brings it forward, by at most MAX_JITTER.
+        assert_eq!(
+            two_days.renew_at_jittered(Duration::from_secs(4)),
+            at(1_000 + DAY - 4)
+        );
+        let draws: Vec<Duration> = (0..1_000).map(|_| jitter()).collect();
+        assert!(draws.iter().all(|d| *d <= MAX_JITTER), "{draws:?}");
+        let distinct: std::collections::BTreeSet<_> = draws.iter().collect();
+        assert!(distinct.len() > 900, "{} distinct draws", distinct.len());
+    }
+
+    #[test]
+    fn a_wait_for_a_renewal_reads_the_clock_again_at_least_every_minute() {
+        let due = Timestamp::from_second(100_000).unwrap();
+        let before = |s: i64| wait_before(due - jiff::SignedDuration::from_secs(s), due);
+        assert_eq!(before(30 * 24 * 3600), Some(RECHECK));
+        assert_eq!(before(61), Some(RECHECK));
+        assert_eq!(before(5), Some(Duration::from_secs(5)));
+        assert_eq!(before(0), None);
+        assert_eq!(before(-5), None, "past due: at once");
     }
 
     #[test]

@@ -287,7 +287,8 @@ struct RunArgs {
     node_name: Option<String>,
 
     /// Renew this pod's service-account token before it expires, as the kubelet renews a
-    /// projected one: at 80 % of its lifetime, a TokenRequest of the same account bound to
+    /// projected one: at 80 % of its lifetime or a day after it was issued, whichever comes
+    /// first (up to 10 s earlier, at random), a TokenRequest of the same account bound to
     /// this pod (RBAC `create serviceaccounts/token`), written into this directory (a volume
     /// that outlives a restart of the container), where the client reads it. For a token
     /// nothing else refreshes: the one podprobe-manager issues for a virtual node, which the

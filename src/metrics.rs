@@ -152,7 +152,7 @@ impl Metrics {
         let token_renewal = Family::<TokenLabels, Gauge>::default();
         own.register(
             "token_renewal_timestamp_seconds",
-            "When the sidecar renews its token (Unix time, 80 % of its lifetime); in the past while the apiserver refuses the renewal",
+            "When the sidecar renews its token (Unix time: 80 % of its lifetime or a day after it was issued, whichever comes first, up to 10 s earlier); in the past while the apiserver refuses the renewal",
             token_renewal.clone(),
         );
         Metrics {

@@ -70,7 +70,7 @@ pub struct ReleaseGatesArgs {
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub timeout: std::time::Duration,
     /// The lifetime of the tokens issued (the injection config's `sidecarTokenLifetime`, which
-    /// the chart passes; the sidecars renew them at 80 % of it). From 10m to 8760h.
+    /// the chart passes; the sidecars renew them at 80 % of it, or daily). From 10m to 8760h.
     #[arg(long, default_value = "8760h", value_parser = sidecar_token_lifetime)]
     pub sidecar_token_lifetime: std::time::Duration,
 }

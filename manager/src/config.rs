@@ -77,7 +77,7 @@ pub struct InjectionConfig {
     pub virtual_node_taints: Vec<String>,
     /// The lifetime of the token podprobe-manager issues a virtual-node pod's sidecar, from
     /// 10m to 8760h (a year; the apiserver may cap it lower): the sidecar renews it at 80 % of
-    /// its lifetime, so a shorter one is renewed more often and is good for less time if
+    /// its lifetime or daily, whichever comes first, so a shorter one is renewed more often and is good for less time if
     /// stolen, and a sidecar that cannot renew it (stopped, or the apiserver unreachable) for
     /// that long loses its credential.
     #[serde(default = "default_sidecar_token_lifetime", with = "token_lifetime")]

@@ -76,3 +76,9 @@ impl Drop for LoggedChild {
         }
     }
 }
+
+/// The word that follows the last `needle` in `log`: a time or a count the process logged.
+pub fn logged_after<'a>(log: &'a str, needle: &str) -> Option<&'a str> {
+    let rest = &log[log.rfind(needle)? + needle.len()..];
+    rest.split_whitespace().next()
+}

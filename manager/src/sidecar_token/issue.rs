@@ -76,7 +76,7 @@ struct Context {
     client: Client,
     /// The lifetime asked for (`sidecarTokenLifetime`; the apiserver may cap it,
     /// `--service-account-max-token-expiration`). The token is bound to the pod, so it stops
-    /// working when the pod is deleted; the sidecar renews it at 80 % of its lifetime
+    /// working when the pod is deleted; the sidecar renews it at 80 % of its lifetime or daily
     /// (src/credential.rs), since a provider copies the Secret once, at start.
     lifetime: Duration,
     /// This replica's [`ISSUER_LABEL`](super::ISSUER_LABEL) value; `None` takes every pod (`release-gates`).
