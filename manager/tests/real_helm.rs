@@ -761,6 +761,28 @@ async fn monitoring_kit_is_off_by_default_and_rendered_when_asked() {
         !out.status.success() && stderr.contains("needs injection.config.metricsPort"),
         "{stderr}"
     );
+
+    // Rules whose PodProbeManagerAbsent nothing would ever satisfy: no scrape of the manager.
+    let render_rules = |extra: &[&str]| {
+        let mut values = sets(&cp, "standalone");
+        values.push("monitoring.prometheusRule.enabled=true".to_owned());
+        values.extend(extra.iter().map(|s| s.to_string()));
+        helm(&cp, "template", &values, &["--kube-version", KUBE_VERSION])
+            .output()
+            .unwrap()
+    };
+    let out = render_rules(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("needs the manager scraped"),
+        "{stderr}"
+    );
+    let out = render_rules(&["monitoring.prometheusRule.managerScrapedElsewhere=true"]);
+    assert!(
+        out.status.success(),
+        "a scrape of the user's own: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The sidecar's exec grant is rendered only with an enforcing admission policy: without one

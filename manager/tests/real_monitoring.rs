@@ -336,7 +336,10 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
     // The PrometheusRule as the chart renders it.
     let rendered = cluster::render(
         &running.cp,
-        &["monitoring.prometheusRule.enabled=true".to_owned()],
+        &[
+            "monitoring.prometheusRule.enabled=true".to_owned(),
+            "monitoring.serviceMonitor.enabled=true".to_owned(),
+        ],
         &["templates/prometheusrule.yaml"],
     );
     let rule = &cluster::documents(&rendered)[0];
@@ -613,7 +616,7 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
                 matching: owned(&manager_target),
                 values: "_x40".into(),
             }],
-            expect: owned(&[("severity", "critical")]),
+            expect: owned(&[("namespace", cluster::RELEASE_NS), ("severity", "critical")]),
         },
         Scenario {
             alert: "PodProbeManagerSidecarTokensPending",
@@ -697,6 +700,32 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
             "input_series": input_series(&scraped, &s.drives),
             "alert_rule_test": names.iter().map(|a| {
                 eval(a, if *a == s.alert { vec![json!({"exp_labels": labels})] } else { vec![] })
+            }).collect::<Vec<_>>(),
+        }));
+    }
+    // This release's managers gone while another release's (another namespace, or another
+    // cluster's in the same Prometheus) go on reporting: the alert is this release's.
+    if covered.contains("PodProbeManagerAbsent") {
+        let gone = Drive {
+            name: "podprobe_manager_build_info",
+            matching: owned(&manager_target),
+            values: "_x40".into(),
+        };
+        let mut input = input_series(&scraped, &[gone]);
+        let other = owned(&[
+            ("namespace", "another-release"),
+            ("pod", "podprobe-manager-0"),
+        ]);
+        input.push(
+            json!({"series": series("podprobe_manager_build_info", &other), "values": "1x40"}),
+        );
+        let labels = json!({"namespace": cluster::RELEASE_NS, "severity": "critical"});
+        tests.push(json!({
+            "name": "PodProbeManagerAbsent beside another release's manager",
+            "interval": "1m",
+            "input_series": input,
+            "alert_rule_test": names.iter().map(|a| {
+                eval(a, if *a == "PodProbeManagerAbsent" { vec![json!({"exp_labels": labels})] } else { vec![] })
             }).collect::<Vec<_>>(),
         }));
     }
