@@ -783,6 +783,31 @@ async fn monitoring_kit_is_off_by_default_and_rendered_when_asked() {
         "a scrape of the user's own: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+
+    // The absent-manager alert is this release's: its namespace, and the clusters' selector.
+    let out = render_rules(&[
+        "monitoring.serviceMonitor.enabled=true",
+        "monitoring.prometheusRule.managerSelector=cluster=\"eu\"",
+    ]);
+    let rendered = String::from_utf8_lossy(&out.stdout);
+    let absent =
+        format!("absent(podprobe_manager_build_info{{namespace=\"{RELEASE_NS}\",cluster=\"eu\"}})");
+    assert!(
+        out.status.success() && rendered.contains(&absent),
+        "{absent} in:\n{rendered}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Not label matchers (the value unquoted): refused by the chart's schema, not left for
+    // Prometheus to reject the whole rule group.
+    let out = render_rules(&[
+        "monitoring.serviceMonitor.enabled=true",
+        "monitoring.prometheusRule.managerSelector=cluster=eu",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("managerSelector"),
+        "{stderr}"
+    );
 }
 
 /// The sidecar's exec grant is rendered only with an enforcing admission policy: without one
