@@ -20,10 +20,7 @@ const TWO_DAYS: i64 = 2 * 24 * 3600;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_day_token_is_renewed_a_day_after_it_was_issued() {
     let cluster = Cluster::start().await;
-    let flag = cluster.dir.path().join("flag");
-    std::fs::write(&flag, "up").unwrap();
-    let annotation = array(&[file_probe("p", "c/p", &flag)]);
-    let pod = cluster.create_pod("gs-r", &annotation, json!([])).await;
+    let (pod, _flag) = cluster.create_flagged_pod("gs-r").await;
     // What the manager's Secret would hold with a two-day `sidecarTokenLifetime`.
     let request: TokenRequest = serde_json::from_value(json!({"spec": {
         "audiences": [],

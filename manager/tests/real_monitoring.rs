@@ -692,16 +692,21 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
         "input_series": input_series(&scraped, &[]),
         "alert_rule_test": names.iter().map(|a| eval(a, vec![])).collect::<Vec<_>>(),
     })];
+    // One promtool test: `input` fires `alert` alone, with `labels`.
+    let firing_alone = |name: &str, input: Vec<Value>, alert: &str, labels: Value| {
+        json!({
+            "name": name,
+            "interval": "1m",
+            "input_series": input,
+            "alert_rule_test": names.iter().map(|a| {
+                eval(a, if *a == alert { vec![json!({"exp_labels": labels})] } else { vec![] })
+            }).collect::<Vec<_>>(),
+        })
+    };
     for s in &scenarios {
         let labels: BTreeMap<String, String> = s.expect.iter().cloned().collect();
-        tests.push(json!({
-            "name": s.alert,
-            "interval": "1m",
-            "input_series": input_series(&scraped, &s.drives),
-            "alert_rule_test": names.iter().map(|a| {
-                eval(a, if *a == s.alert { vec![json!({"exp_labels": labels})] } else { vec![] })
-            }).collect::<Vec<_>>(),
-        }));
+        let input = input_series(&scraped, &s.drives);
+        tests.push(firing_alone(s.alert, input, s.alert, json!(labels)));
     }
     // This release's managers gone while another release's (another namespace, or another
     // cluster's in the same Prometheus) go on reporting: the alert is this release's.
@@ -719,15 +724,12 @@ async fn check_monitoring(cp: testkit::real::ControlPlane, mode: Mode) {
         input.push(
             json!({"series": series("podprobe_manager_build_info", &other), "values": "1x40"}),
         );
-        let labels = json!({"namespace": cluster::RELEASE_NS, "severity": "critical"});
-        tests.push(json!({
-            "name": "PodProbeManagerAbsent beside another release's manager",
-            "interval": "1m",
-            "input_series": input,
-            "alert_rule_test": names.iter().map(|a| {
-                eval(a, if *a == "PodProbeManagerAbsent" { vec![json!({"exp_labels": labels})] } else { vec![] })
-            }).collect::<Vec<_>>(),
-        }));
+        tests.push(firing_alone(
+            "PodProbeManagerAbsent beside another release's manager",
+            input,
+            "PodProbeManagerAbsent",
+            json!({"namespace": cluster::RELEASE_NS, "severity": "critical"}),
+        ));
     }
     std::fs::write(
         dir.path().join("tests.json"),
